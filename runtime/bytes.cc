@@ -1,0 +1,62 @@
+// Byte quantity parsing; see bytes.h.
+#include "runtime/bytes.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dtr {
+
+absl::string_view AcceptedByteForms() {
+  return "a byte count such as 1073741824, or a number with a suffix: K, M, G, T (powers of 1000, "
+         "also KB/MB/GB/TB) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 6GiB, 512M, 1.5G";
+}
+
+absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t split = 0;
+  while (split < s.size() && (absl::ascii_isdigit(s[split]) || s[split] == '.')) ++split;
+  absl::string_view number = s.substr(0, split);
+  std::string suffix = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(split)));
+  auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid byte quantity '", text, "' (", why, "); expected ", AcceptedByteForms()));
+  };
+  if (number.empty()) return error("no number");
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !std::isfinite(value)) return error("not a number");
+  double scale = 1;
+  if (suffix.empty() || suffix == "b") scale = 1;
+  else if (suffix == "k" || suffix == "kb") scale = 1e3;
+  else if (suffix == "m" || suffix == "mb") scale = 1e6;
+  else if (suffix == "g" || suffix == "gb") scale = 1e9;
+  else if (suffix == "t" || suffix == "tb") scale = 1e12;
+  else if (suffix == "kib") scale = 1024.0;
+  else if (suffix == "mib") scale = 1024.0 * 1024;
+  else if (suffix == "gib") scale = 1024.0 * 1024 * 1024;
+  else if (suffix == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
+  else return error(absl::StrCat("unknown suffix '", suffix, "'"));
+  double bytes = value * scale;
+  if (bytes >= 18446744073709551615.0) return error("too large");
+  if (scale == 1 && number.find('.') != absl::string_view::npos && value != std::floor(value))
+    return error("fractional byte count");
+  return uint64_t(std::llround(std::floor(bytes)));
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int unit = 0;
+  while (v >= 1024 && unit < 4) {
+    v /= 1024;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.2f %s (%d bytes)", v, kUnits[unit], bytes);
+}
+
+}  // namespace dtr

@@ -1,0 +1,53 @@
+// RuntimeConfig validation and printing.
+#include "runtime/config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dtr {
+
+absl::StatusOr<DeallocPolicy> ParseDeallocPolicy(absl::string_view name) {
+  if (name == "eager" || name == "eager-evict") return DeallocPolicy::kEagerEvict;
+  if (name == "banish") return DeallocPolicy::kBanish;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown deallocation policy '", name, "'; expected 'eager' or 'banish'"));
+}
+
+absl::StatusOr<SearchMode> ParseSearchMode(absl::string_view name) {
+  if (name == "sampled") return SearchMode::kSampled;
+  if (name == "exact") return SearchMode::kExact;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown search mode '", name, "'; expected 'sampled' or 'exact'"));
+}
+
+std::string DeallocPolicyName(DeallocPolicy policy) {
+  return policy == DeallocPolicy::kBanish ? "banish" : "eager";
+}
+std::string SearchModeName(SearchMode mode) { return mode == SearchMode::kExact ? "exact" : "sampled"; }
+
+absl::Status RuntimeConfig::Validate() const {
+  if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
+  if (!(sample_factor > 0) || !std::isfinite(sample_factor))
+    return absl::InvalidArgumentError(absl::StrCat("sample_factor must be > 0, got ", sample_factor));
+  if (min_samples == 0) return absl::InvalidArgumentError("min_samples must be >= 1");
+  if (!(small_storage_fraction >= 0 && small_storage_fraction < 1))
+    return absl::InvalidArgumentError(
+        absl::StrCat("small_storage_fraction must be in [0, 1), got ", small_storage_fraction));
+  if (!(thrash_damping >= 0) || !std::isfinite(thrash_damping))
+    return absl::InvalidArgumentError(absl::StrCat("thrash_damping must be >= 0, got ", thrash_damping));
+  if (thrash_half_life_ops == 0) return absl::InvalidArgumentError("thrash_half_life_ops must be >= 1");
+  return absl::OkStatus();
+}
+
+std::string RuntimeConfig::ToString() const {
+  return absl::StrFormat(
+      "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d "
+      "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d seed=%d",
+      budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
+      HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
+      min_samples, small_storage_fraction, thrash_damping, thrash_half_life_ops, seed);
+}
+
+}  // namespace dtr

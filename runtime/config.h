@@ -1,0 +1,63 @@
+// RuntimeConfig: every knob of the DTR runtime as one validated, printable value type. Parsed
+// once (from dtr-sim flags or the torch layer's environment) and never mutated behind the
+// runtime's back; Runtime::SetBudget is the only live change.
+#ifndef DTR_RUNTIME_CONFIG_H_
+#define DTR_RUNTIME_CONFIG_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/heuristic.h"
+
+namespace dtr {
+
+inline constexpr uint64_t kUnlimitedBudget = std::numeric_limits<uint64_t>::max();
+
+// What to do when the program drops its last reference to a storage (paper, Appendix C.5).
+enum class DeallocPolicy {
+  kEagerEvict,  // evict it (it stays rematerializable for its dependents); default
+  kBanish,      // free it for good once no evicted dependent needs it; dependents become constants
+};
+
+// How the victim is found (Note [Victim search] in runtime.cc).
+enum class SearchMode {
+  kSampled,  // score ceil(sqrt(n)) random candidates (the prototype's optimization); default
+  kExact,    // score every evictable storage
+};
+
+struct RuntimeConfig {
+  uint64_t budget_bytes = kUnlimitedBudget;
+  HeuristicKind heuristic = HeuristicKind::kDtrEq;
+  DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
+  SearchMode search = SearchMode::kSampled;
+  // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates.
+  double sample_factor = 1.0;
+  uint32_t min_samples = 8;
+  // Storages smaller than this fraction of the mean evictable size are skipped by the search
+  // (the prototype used 1%); they are still chosen when nothing larger is evictable.
+  double small_storage_fraction = 0.01;
+  // Note [Thrashing]: a storage rematerialized repeatedly in a short span has its score
+  // multiplied by (1 + thrash_damping * recent remats), so it is kept resident longer.
+  // 0 turns damping off. recent remats halve every thrash_half_life_ops computed ops.
+  double thrash_damping = 1.0;
+  uint64_t thrash_half_life_ops = 1024;
+  // A storage rematerialized this many times within a half-life counts as a thrash event.
+  double thrash_report_threshold = 8;
+  uint64_t seed = 0x5eed;
+
+  absl::Status Validate() const;
+  std::string ToString() const;
+};
+
+absl::StatusOr<DeallocPolicy> ParseDeallocPolicy(absl::string_view name);
+absl::StatusOr<SearchMode> ParseSearchMode(absl::string_view name);
+std::string DeallocPolicyName(DeallocPolicy policy);
+std::string SearchModeName(SearchMode mode);
+
+}  // namespace dtr
+
+#endif  // DTR_RUNTIME_CONFIG_H_

@@ -1,0 +1,61 @@
+// The runtime's records: a StorageRecord per buffer the program computed (or was given), and an
+// OpRecord per recorded operator call that some live storage may need to replay.
+// See Note [Recipes] and Note [Record lifetime] in runtime.cc for how they relate.
+#ifndef DTR_RUNTIME_RECORDS_H_
+#define DTR_RUNTIME_RECORDS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "runtime/evicted_components.h"
+#include "runtime/ids.h"
+
+namespace dtr {
+
+enum class StorageState { kResident, kEvicted, kBanished };
+
+struct StorageRecord {
+  uint64_t size = 0;
+  StorageState state = StorageState::kResident;
+  // The ops that (re)compute this storage, in order: the op that created it, then any in-place
+  // ops applied since. Empty for constants (parameters, inputs, unreplayable outputs).
+  absl::InlinedVector<OpId, 2> recipe;
+  double cost = 0;           // sum of the recipe ops' costs (c0 in the paper)
+  double last_access = 0;    // runtime clock at the last op that read or wrote it
+  uint32_t locks = 0;        // transient: held while an op that needs it is being computed
+  uint32_t pins = 0;         // user pins: never evicted while > 0
+  uint32_t external_refs = 0;
+  // Ops that read this storage and that some live storage's recipe still contains.
+  absl::InlinedVector<OpId, 4> readers;
+  EvictedComponents::Node component = EvictedComponents::kNone;  // valid while evicted
+  uint32_t pool_index = UINT32_MAX;  // position in the evictable pool, if there
+  uint64_t handle = 0;               // opaque to the runtime: the backend's buffer handle
+  // Note [Thrashing]
+  double recent_remats = 0;
+  uint64_t last_remat_op = 0;
+  uint64_t remat_count = 0;
+  // Banishing waits for evicted dependents; it is retried whenever the storage is unlocked,
+  // which happens after every rematerialization of a dependent (they lock their deps).
+  bool banish_pending = false;
+  bool deletion_pending = false;     // guards the collection worklist
+
+  bool rematerializable() const { return !recipe.empty(); }
+  bool resident() const { return state == StorageState::kResident; }
+};
+
+struct OpRecord {
+  std::string name;
+  absl::InlinedVector<StorageId, 4> inputs;   // distinct storages read
+  absl::InlinedVector<StorageId, 2> outputs;  // storages written (created or mutated in place)
+  absl::InlinedVector<uint64_t, 2> output_sizes;  // bytes each output occupies while replaying
+  double cost = 0;
+  uint64_t handle = 0;      // opaque to the runtime: the backend's replay handle
+  bool in_place = false;    // mutates outputs[0] (a recipe continuation) instead of creating it
+  uint32_t recipe_users = 0;  // live storages whose recipe contains this op
+};
+
+}  // namespace dtr
+
+#endif  // DTR_RUNTIME_RECORDS_H_

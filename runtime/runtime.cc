@@ -1,0 +1,911 @@
+// The DTR runtime: recording, eviction, rematerialization and deallocation. See runtime.h.
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/bytes.h"
+
+namespace dtr {
+
+// Note [Recipes]
+// A storage's recipe is the list of ops that produce its current contents: the op that created
+// it, then every in-place op applied to it since (Note [Mutation]). deps(S) are the inputs of the
+// recipe's ops other than S; the dependents of S are the outputs T != S of S's readers whose
+// recipe contains that reader. A storage with an empty recipe is a constant: never evicted.
+// Every op in a live recipe is listed in the `readers` of each of its inputs, and its
+// `recipe_users` counts the storages whose recipe contains it.
+//
+// Note [Mutation]
+// An in-place op changes a storage that earlier ops read, so (design rules 1 and 2) before it
+// runs, every live storage whose recipe reads the mutated storage is rematerialized and detached
+// (made a constant): its recipe would otherwise replay against the new contents. Afterwards the
+// mutated storage keeps its recipe with the in-place op appended (replaying the recipe rebuilds
+// the new contents) if the op is replayable and mutates exactly one storage; otherwise it
+// becomes a constant.
+//
+// Note [Evictable pool]
+// pool_ holds exactly the storages that are resident, rematerializable, unpinned and of nonzero
+// size; pool_index is each one's position. Locks are transient (held during one op), so locked
+// storages stay in the pool and the search skips them.
+//
+// Note [Victim search]
+// Sampled mode scores max(min_samples, ceil(sample_factor * sqrt(n))) uniformly drawn pool
+// entries and evicts the lowest; exact mode scores all n. Storages smaller than
+// small_storage_fraction of the pool's mean size are skipped unless nothing else is evictable.
+// Scores are multiplied by (1 + thrash_damping * decayed recent remats), Note [Thrashing].
+//
+// Note [Rematerialization]
+// Materialize runs on an explicit stack of frames, one per storage being brought back. A
+// frame first locks all of its storage's deps (resident or not: a locked evicted storage cannot
+// be evicted again once it is back), then pushes the first non-resident dep; when all are
+// resident it replays the recipe and unlocks. The graph is acyclic, so the stack is bounded by
+// the number of storages; there is no recursion. Replaying a multi-output op computes all of
+// its outputs: evicted siblings whose recipe is exactly that op are kept, the rest (resident
+// siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
+// duration of the replay.
+//
+// Note [Record lifetime]
+// A record is collected (dropped, memory released) when it has no external references, no locks,
+// no pins and no readers: nothing can ever need its contents again. Dropping it empties its
+// recipe, which may drop ops, which removes them from their inputs' readers, which may collect
+// those inputs in turn; a worklist makes this cascade iterative. When the last external reference
+// goes, eager eviction evicts the storage (if it is rematerializable and still needed by a
+// dependent); banishing frees it for good once no evicted dependent needs it and detaches its
+// resident dependents.
+//
+// Note [Thrashing]
+// Each rematerialization adds one to the storage's recent_remats, which halves every
+// thrash_half_life_ops ops. The victim search multiplies the score by
+// (1 + thrash_damping * recent_remats), so a storage that keeps coming back is kept longer;
+// reaching thrash_report_threshold counts a thrash event in the stats.
+
+namespace {
+
+template <typename Vec, typename T>
+bool ContainsValue(const Vec& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+template <typename Vec, typename T>
+void EraseValue(Vec& v, const T& x) {
+  auto it = std::find(v.begin(), v.end(), x);
+  if (it != v.end()) v.erase(it);
+}
+
+std::string IdString(StorageId id) { return absl::StrCat("storage#", id.index, ".", id.generation); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeConfig& config,
+                                                         ReplayBackend* backend) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (backend == nullptr) return absl::InvalidArgumentError("Runtime needs a ReplayBackend");
+  return std::unique_ptr<Runtime>(new Runtime(config, backend));
+}
+
+Runtime::Runtime(const RuntimeConfig& config, ReplayBackend* backend)
+    : config_(config), backend_(backend), rng_(config.seed) {}
+
+const RuntimeStats& Runtime::stats() const {
+  stats_.memory_bytes = memory_;
+  return stats_;
+}
+
+absl::StatusOr<StorageRecord*> Runtime::Lookup(StorageId id, absl::string_view what) {
+  StorageRecord* r = storages_.Find(id);
+  if (r == nullptr)
+    return absl::NotFoundError(absl::StrCat(what, ": unknown or already collected ", IdString(id)));
+  return r;
+}
+
+void Runtime::AdvanceClock(double cost) {
+  // Staleness is now - last_access + 1 clock unit (Note [Heuristics]), so zero-cost ops are fine.
+  now_ += std::max(cost, 0.0);
+  ++op_counter_;
+}
+
+void Runtime::UpdatePeak(uint64_t transient) {
+  stats_.peak_memory_bytes = std::max(stats_.peak_memory_bytes, memory_ + transient);
+}
+
+// ---- Recording ------------------------------------------------------------------------------
+
+absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
+  if (absl::Status s = Reserve(size, "a constant"); !s.ok()) return s;
+  StorageRecord r;
+  r.size = size;
+  r.external_refs = 1;
+  r.handle = handle;
+  r.last_access = now_;
+  StorageId id = storages_.Insert(std::move(r));
+  memory_ += size;
+  UpdatePeak(0);
+  ++stats_.constants;
+  return id;
+}
+
+absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
+  for (StorageId in : call.inputs)
+    if (auto r = Lookup(in, absl::StrCat("input of ", call.name)); !r.ok()) return r.status();
+  // Distinct inputs, locked first so that bringing one back cannot evict another.
+  absl::InlinedVector<StorageId, 4> inputs;
+  for (StorageId in : call.inputs)
+    if (!ContainsValue(inputs, in)) inputs.push_back(in);
+  for (StorageId in : inputs) Lock(in);
+  auto unlock_inputs = [&] {
+    for (StorageId in : inputs) Unlock(in);
+    DrainCollection();
+  };
+  for (StorageId in : inputs) {
+    if (absl::Status s = Materialize(in); !s.ok()) {
+      unlock_inputs();
+      return s;
+    }
+  }
+  uint64_t out_bytes = 0;
+  for (uint64_t size : call.output_sizes) out_bytes += size;
+  if (absl::Status s = Reserve(out_bytes, absl::StrCat("outputs of ", call.name)); !s.ok()) {
+    unlock_inputs();
+    return s;
+  }
+
+  std::vector<StorageId> outputs;
+  outputs.reserve(call.output_sizes.size());
+  for (uint64_t size : call.output_sizes) {
+    StorageRecord r;
+    r.size = size;
+    r.external_refs = 1;
+    outputs.push_back(storages_.Insert(std::move(r)));
+  }
+  memory_ += out_bytes;
+  UpdatePeak(0);
+
+  absl::StatusOr<double> cost = execute(absl::MakeConstSpan(outputs));
+  if (!cost.ok()) {
+    for (StorageId out : outputs) storages_.Erase(out);
+    memory_ -= out_bytes;
+    unlock_inputs();
+    return cost.status();
+  }
+  AdvanceClock(*cost);
+  ++stats_.ops_recorded;
+  stats_.base_cost += *cost;
+
+  if (call.replayable && !outputs.empty()) {
+    OpRecord op;
+    op.name = std::string(call.name);
+    op.inputs.assign(inputs.begin(), inputs.end());
+    op.outputs.assign(outputs.begin(), outputs.end());
+    op.output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());
+    op.cost = *cost;
+    op.handle = call.handle;
+    op.recipe_users = uint32_t(outputs.size());
+    OpId op_id = ops_.Insert(std::move(op));
+    for (StorageId in : inputs) rec(in).readers.push_back(op_id);
+    for (StorageId out : outputs) {
+      StorageRecord& r = rec(out);
+      r.recipe.push_back(op_id);
+      r.cost = *cost;
+    }
+  } else {
+    stats_.constants += outputs.size();
+  }
+  for (StorageId out : outputs) {
+    Touch(out);
+    SyncPool(out);
+  }
+  for (StorageId in : inputs) Touch(in);
+  unlock_inputs();
+  return outputs;
+}
+
+absl::Status Runtime::Mutate(const MutateCall& call,
+                             absl::FunctionRef<absl::StatusOr<double>()> execute) {
+  for (StorageId in : call.inputs)
+    if (auto r = Lookup(in, absl::StrCat("input of ", call.name)); !r.ok()) return r.status();
+  absl::InlinedVector<StorageId, 4> inputs;
+  for (StorageId in : call.inputs)
+    if (!ContainsValue(inputs, in)) inputs.push_back(in);
+  absl::InlinedVector<StorageId, 2> mutated;
+  for (StorageId m : call.mutated) {
+    if (!ContainsValue(inputs, m)) {
+      if (auto r = Lookup(m, absl::StrCat("mutated argument of ", call.name)); !r.ok()) return r.status();
+      inputs.push_back(m);
+    }
+    if (!ContainsValue(mutated, m)) mutated.push_back(m);
+  }
+  for (StorageId in : inputs) Lock(in);
+  auto unlock_inputs = [&] {
+    for (StorageId in : inputs) Unlock(in);
+    DrainCollection();
+  };
+  for (StorageId in : inputs) {
+    if (absl::Status s = Materialize(in); !s.ok()) {
+      unlock_inputs();
+      return s;
+    }
+  }
+  // Note [Mutation]: freeze every reader of the old contents.
+  std::vector<StorageId> readers_outputs;
+  for (StorageId m : mutated) {
+    Dependents(m, &readers_outputs);
+    for (StorageId t : readers_outputs) {
+      if (!storages_.Contains(t) || !rec(t).rematerializable()) continue;
+      Lock(t);
+      absl::Status s = Materialize(t);
+      if (s.ok()) Detach(t);  // before unlocking: an unreferenced t would be evicted at once
+      Unlock(t);
+      if (!s.ok()) {
+        unlock_inputs();
+        return s;
+      }
+      MaybeCollect(t);
+    }
+  }
+  absl::StatusOr<double> cost = execute();
+  if (!cost.ok()) {
+    // The contents of the mutated storages are unknown now: they cannot be replayed.
+    for (StorageId m : mutated) Detach(m);
+    unlock_inputs();
+    return cost.status();
+  }
+  AdvanceClock(*cost);
+  ++stats_.ops_recorded;
+  stats_.base_cost += *cost;
+  if (call.replayable && mutated.size() == 1 && rec(mutated[0]).rematerializable()) {
+    StorageId m = mutated[0];
+    OpRecord op;
+    op.name = std::string(call.name);
+    for (StorageId in : inputs)
+      if (in != m) op.inputs.push_back(in);
+    op.outputs.push_back(m);
+    op.output_sizes.push_back(rec(m).size);
+    op.cost = *cost;
+    op.handle = call.handle;
+    op.in_place = true;
+    op.recipe_users = 1;
+    OpId op_id = ops_.Insert(std::move(op));
+    for (StorageId in : ops_[op_id].inputs) rec(in).readers.push_back(op_id);
+    rec(m).recipe.push_back(op_id);
+    rec(m).cost += *cost;
+  } else {
+    for (StorageId m : mutated) Detach(m);
+  }
+  for (StorageId in : inputs) Touch(in);
+  unlock_inputs();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Access(StorageId id, double cost) {
+  if (auto r = Lookup(id, "access"); !r.ok()) return r.status();
+  Lock(id);
+  absl::Status s = Materialize(id);
+  if (s.ok()) {
+    AdvanceClock(cost);
+    stats_.base_cost += cost;
+    Touch(id);
+  }
+  Unlock(id);
+  DrainCollection();
+  return s;
+}
+
+absl::Status Runtime::AddRef(StorageId id) {
+  auto r = Lookup(id, "add reference");
+  if (!r.ok()) return r.status();
+  ++(*r)->external_refs;
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::DropRef(StorageId id) {
+  auto r = Lookup(id, "drop reference");
+  if (!r.ok()) return r.status();
+  if ((*r)->external_refs == 0)
+    return absl::FailedPreconditionError(absl::StrCat("drop reference: ", IdString(id), " has none"));
+  if (--(*r)->external_refs == 0) OnUnreferenced(id);
+  DrainCollection();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Pin(StorageId id) {
+  if (auto r = Lookup(id, "pin"); !r.ok()) return r.status();
+  Lock(id);
+  absl::Status s = Materialize(id);
+  Unlock(id);
+  if (s.ok()) {
+    ++rec(id).pins;
+    SyncPool(id);
+  }
+  DrainCollection();
+  return s;
+}
+
+absl::Status Runtime::Unpin(StorageId id) {
+  auto r = Lookup(id, "unpin");
+  if (!r.ok()) return r.status();
+  if ((*r)->pins == 0) return absl::FailedPreconditionError(absl::StrCat("unpin: ", IdString(id), " is not pinned"));
+  --(*r)->pins;
+  SyncPool(id);
+  if ((*r)->pins == 0 && (*r)->external_refs == 0) OnUnreferenced(id);
+  DrainCollection();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::SetHandle(StorageId id, uint64_t handle) {
+  auto r = Lookup(id, "set handle");
+  if (!r.ok()) return r.status();
+  (*r)->handle = handle;
+  return absl::OkStatus();
+}
+
+void Runtime::Lock(StorageId id) { ++rec(id).locks; }
+
+void Runtime::Unlock(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (--r.locks == 0 && r.external_refs == 0 && r.pins == 0) OnUnreferenced(id);
+}
+
+// ---- Graph ----------------------------------------------------------------------------------
+
+void Runtime::Deps(StorageId id, std::vector<StorageId>* out) {
+  out->clear();
+  for (OpId op : rec(id).recipe)
+    for (StorageId in : ops_[op].inputs)
+      if (in != id && !ContainsValue(*out, in)) out->push_back(in);
+}
+
+void Runtime::Dependents(StorageId id, std::vector<StorageId>* out) {
+  out->clear();
+  for (OpId op_id : rec(id).readers) {
+    for (StorageId o : ops_[op_id].outputs) {
+      if (o == id) continue;
+      const StorageRecord* r = storages_.Find(o);
+      if (r != nullptr && ContainsValue(r->recipe, op_id) && !ContainsValue(*out, o)) out->push_back(o);
+    }
+  }
+}
+
+bool Runtime::HasEvictedDependent(StorageId id) {
+  std::vector<StorageId> dependents;
+  Dependents(id, &dependents);
+  for (StorageId d : dependents)
+    if (!rec(d).resident()) return true;
+  return false;
+}
+
+// ---- Pool -----------------------------------------------------------------------------------
+
+bool Runtime::Eligible(const StorageRecord& r) const {
+  return r.resident() && r.rematerializable() && r.pins == 0 && r.size > 0;
+}
+
+void Runtime::SyncPool(StorageId id) {
+  StorageRecord& r = rec(id);
+  bool in_pool = r.pool_index != UINT32_MAX;
+  bool eligible = Eligible(r);
+  if (eligible == in_pool) return;
+  if (eligible) {
+    r.pool_index = uint32_t(pool_.size());
+    pool_.push_back(id);
+    pool_bytes_ += r.size;
+  } else {
+    StorageId last = pool_.back();
+    pool_[r.pool_index] = last;
+    rec(last).pool_index = r.pool_index;
+    pool_.pop_back();
+    r.pool_index = UINT32_MAX;
+    pool_bytes_ -= r.size;
+  }
+}
+
+// ---- Victim search --------------------------------------------------------------------------
+
+double Runtime::NeighborhoodCost(StorageId id) {
+  NeighborhoodKind kind = InfoFor(config_.heuristic).neighborhood;
+  if (kind == NeighborhoodKind::kNone) return 0;
+  if (kind == NeighborhoodKind::kUnionFind) {
+    absl::InlinedVector<EvictedComponents::Node, 8> roots;
+    double cost = 0;
+    auto visit = [&](StorageId n) {
+      const StorageRecord& r = rec(n);
+      ++stats_.neighborhood_visits;
+      if (r.resident()) return;
+      EvictedComponents::Node root = components_.Find(r.component);
+      if (ContainsValue(roots, root)) return;
+      roots.push_back(root);
+      cost += components_.Cost(root);
+    };
+    for (OpId op : rec(id).recipe)
+      for (StorageId in : ops_[op].inputs)
+        if (in != id) visit(in);
+    for (OpId op_id : rec(id).readers)
+      for (StorageId o : ops_[op_id].outputs)
+        if (o != id && storages_.Contains(o) && ContainsValue(rec(o).recipe, op_id)) visit(o);
+    return cost;
+  }
+  // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages.
+  double cost = 0;
+  absl::flat_hash_set<uint64_t> seen;
+  std::vector<StorageId> frontier, next;
+  auto walk = [&](bool upward) {
+    frontier.clear();
+    if (upward) Deps(id, &frontier); else Dependents(id, &frontier);
+    while (!frontier.empty()) {
+      StorageId n = frontier.back();
+      frontier.pop_back();
+      ++stats_.neighborhood_visits;
+      const StorageRecord& r = rec(n);
+      if (r.resident() || !seen.insert(n.packed()).second) continue;
+      cost += r.cost;
+      if (upward) Deps(n, &next); else Dependents(n, &next);
+      frontier.insert(frontier.end(), next.begin(), next.end());
+    }
+  };
+  walk(/*upward=*/true);
+  if (kind == NeighborhoodKind::kExact) walk(/*upward=*/false);
+  return cost;
+}
+
+double Runtime::ScoreUnchecked(StorageId id) {
+  StorageRecord& r = rec(id);
+  ++stats_.candidates_scored;
+  ScoreInputs in;
+  in.cost = r.cost;
+  in.size = double(r.size);
+  in.staleness = std::max(now_ - r.last_access, 0.0) + 1.0;
+  in.neighborhood_cost = NeighborhoodCost(id);
+  in.random = config_.heuristic == HeuristicKind::kRandom
+                  ? std::uniform_real_distribution<double>(0, 1)(rng_)
+                  : 0;
+  double score = Score(config_.heuristic, in);
+  if (config_.thrash_damping > 0 && r.recent_remats > 0) {
+    double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
+    score *= 1 + config_.thrash_damping * r.recent_remats * std::exp2(-age);
+  }
+  return score;
+}
+
+double Runtime::ScoreOf(StorageId id) { return ScoreUnchecked(id); }
+
+bool Runtime::ChooseVictim(StorageId* victim) {
+  size_t n = pool_.size();
+  if (n == 0) return false;
+  ++stats_.eviction_searches;
+  double small = config_.small_storage_fraction * double(pool_bytes_) / double(n);
+  double best = 0, best_small = 0;
+  StorageId best_id, best_small_id;
+  auto consider = [&](StorageId id) {
+    const StorageRecord& r = rec(id);
+    if (r.locks > 0) return;
+    double score = ScoreUnchecked(id);
+    if (double(r.size) < small) {
+      if (!best_small_id.valid() || score < best_small) best_small = score, best_small_id = id;
+    } else if (!best_id.valid() || score < best) {
+      best = score, best_id = id;
+    }
+  };
+  size_t samples = std::max<size_t>(config_.min_samples,
+                                    size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
+  if (config_.search == SearchMode::kSampled && samples < n) {
+    std::uniform_int_distribution<size_t> pick(0, n - 1);
+    for (size_t i = 0; i < samples; ++i) consider(pool_[pick(rng_)]);
+  }
+  if (!best_id.valid()) {
+    best_small_id = StorageId{};
+    for (size_t i = 0; i < n; ++i) consider(pool_[i]);
+  }
+  if (best_id.valid()) *victim = best_id;
+  else if (best_small_id.valid()) *victim = best_small_id;
+  else return false;
+  return true;
+}
+
+void Runtime::EvictUnchecked(StorageId id, bool eager) {
+  StorageRecord& r = rec(id);
+  r.state = StorageState::kEvicted;
+  memory_ -= r.size;
+  SyncPool(id);
+  backend_->Release(id, r, /*permanently=*/false);
+  EvictedComponents::Node node = components_.MakeSet(r.cost);
+  r.component = node;
+  ++evicted_count_;
+  std::vector<StorageId>& neighbours = scratch_;
+  Deps(id, &neighbours);
+  for (StorageId n : neighbours)
+    if (!rec(n).resident()) components_.Union(node, rec(n).component);
+  Dependents(id, &neighbours);
+  for (StorageId n : neighbours)
+    if (!rec(n).resident()) components_.Union(node, rec(n).component);
+  ++stats_.evictions;
+  if (eager) ++stats_.eager_evictions;
+  MaybeCompactComponents();
+}
+
+void Runtime::MaybeCompactComponents() {
+  if (components_.node_count() < 2 * evicted_count_ + 4096) return;
+  std::vector<StorageId> evicted;
+  std::vector<EvictedComponents::Node> nodes;
+  storages_.ForEach([&](StorageId id, const StorageRecord& r) {
+    if (r.state == StorageState::kEvicted) {
+      evicted.push_back(id);
+      nodes.push_back(r.component);
+    }
+  });
+  std::vector<EvictedComponents::Node> fresh = components_.Compact(nodes);
+  for (size_t i = 0; i < evicted.size(); ++i) rec(evicted[i]).component = fresh[i];
+}
+
+absl::Status Runtime::Reserve(uint64_t bytes, absl::string_view what) {
+  if (config_.budget_bytes == kUnlimitedBudget) return absl::OkStatus();
+  while (memory_ + bytes > config_.budget_bytes) {
+    StorageId victim;
+    if (!ChooseVictim(&victim)) return InfeasibleError(bytes, what);
+    EvictUnchecked(victim, /*eager=*/false);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Runtime::EvictAtLeast(uint64_t bytes) {
+  uint64_t freed = 0;
+  StorageId victim;
+  while (freed < bytes && ChooseVictim(&victim)) {
+    freed += rec(victim).size;
+    EvictUnchecked(victim, /*eager=*/false);
+  }
+  return freed;
+}
+
+absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
+  if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
+  uint64_t old = config_.budget_bytes;
+  config_.budget_bytes = budget_bytes;
+  if (absl::Status s = Reserve(0, "the new budget"); !s.ok()) {
+    config_.budget_bytes = old;
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
+  std::vector<Candidate> all;
+  all.reserve(pool_.size());
+  for (StorageId id : pool_) {
+    const StorageRecord& r = rec(id);
+    if (r.locks > 0) continue;
+    all.push_back({id, ScoreUnchecked(id), r.size, r.handle});
+  }
+  size_t keep = std::min(max_count, all.size());
+  std::partial_sort(all.begin(), all.begin() + keep, all.end(),
+                    [](const Candidate& a, const Candidate& b) { return a.score < b.score; });
+  all.resize(keep);
+  return all;
+}
+
+absl::Status Runtime::Evict(StorageId id) {
+  auto r = Lookup(id, "evict");
+  if (!r.ok()) return r.status();
+  if (!Eligible(**r) || (*r)->locks > 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "evict: ", IdString(id), " is not evictable (resident=", (*r)->resident(),
+        " rematerializable=", (*r)->rematerializable(), " pins=", (*r)->pins, " locks=", (*r)->locks, ")"));
+  EvictUnchecked(id, /*eager=*/false);
+  return absl::OkStatus();
+}
+
+uint64_t Runtime::UnevictableBytes() const {
+  uint64_t evictable = 0;
+  for (StorageId id : pool_)
+    if (storages_[id].locks == 0) evictable += storages_[id].size;
+  return memory_ - evictable;
+}
+
+absl::Status Runtime::InfeasibleError(uint64_t bytes, absl::string_view what) const {
+  uint64_t constant = 0, pinned = 0, locked = 0, tiny = 0;
+  storages_.ForEach([&](StorageId, const StorageRecord& r) {
+    if (!r.resident()) return;
+    if (r.locks > 0) locked += r.size;
+    else if (r.pins > 0) pinned += r.size;
+    else if (!r.rematerializable()) constant += r.size;
+    else if (r.size == 0) tiny += r.size;
+  });
+  uint64_t needed = memory_ + bytes;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "dtr: budget of %s is infeasible: %s need %s more, with %s resident of which nothing more "
+      "can be evicted: %s locked by the operation in progress, %s pinned, %s constants "
+      "(parameters, inputs, unreplayable results). A budget of at least %s would be needed at this "
+      "point (more may be needed later).",
+      FormatBytes(config_.budget_bytes), what, FormatBytes(bytes), FormatBytes(memory_),
+      FormatBytes(locked), FormatBytes(pinned), FormatBytes(constant), FormatBytes(needed)));
+}
+
+// ---- Rematerialization ----------------------------------------------------------------------
+
+absl::Status Runtime::Materialize(StorageId target) {
+  if (rec(target).resident()) return absl::OkStatus();
+  struct Frame {
+    StorageId id;
+    bool locked = false;
+    std::vector<StorageId> deps;
+  };
+  std::vector<Frame> stack;
+  stack.push_back({target});
+  auto unwind = [&](absl::Status status) {
+    for (Frame& f : stack)
+      if (f.locked)
+        for (StorageId d : f.deps) Unlock(d);
+    return status;
+  };
+  const size_t max_depth = storages_.size() + 1;
+  while (!stack.empty()) {
+    size_t top = stack.size() - 1;
+    StorageId id = stack[top].id;
+    StorageRecord& r = rec(id);
+    if (!stack[top].locked) {
+      if (r.resident()) {
+        stack.pop_back();
+        continue;
+      }
+      if (!r.rematerializable())
+        return unwind(absl::InternalError(
+            absl::StrCat("dtr: ", IdString(id), " is evicted but has no recipe to replay")));
+      Deps(id, &stack[top].deps);
+      for (StorageId d : stack[top].deps) Lock(d);
+      stack[top].locked = true;
+    }
+    StorageId missing;
+    for (StorageId d : stack[top].deps)
+      if (!rec(d).resident()) {
+        missing = d;
+        break;
+      }
+    if (missing.valid()) {
+      if (stack.size() > max_depth)
+        return unwind(absl::InternalError("dtr: dependency cycle while rematerializing"));
+      stack.push_back({missing});
+      continue;
+    }
+    absl::Status s = ReplayRecipe(id);
+    for (StorageId d : stack[top].deps) Unlock(d);
+    stack.pop_back();
+    if (!s.ok()) return unwind(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReplayRecipe(StorageId id) {
+  absl::InlinedVector<OpId, 2> recipe = rec(id).recipe;
+  OpId first = recipe[0];
+  const OpRecord& op = ops_[first];
+  absl::InlinedVector<bool, 4> keep(op.outputs.size(), false);
+  uint64_t replay_bytes = 0;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    StorageId o = op.outputs[i];
+    const StorageRecord* r = storages_.Find(o);
+    keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
+    replay_bytes += op.output_sizes[i];
+  }
+  if (absl::Status s = Reserve(replay_bytes, absl::StrCat("rematerializing ", op.name)); !s.ok()) return s;
+  UpdatePeak(replay_bytes);
+  absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
+  if (!cost.ok()) return cost.status();
+  double total = *cost;
+  ++stats_.replays;
+  AdvanceClock(*cost);
+  // The kept outputs of the first op are resident now.
+  absl::InlinedVector<StorageId, 2> brought_back;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (!keep[i]) continue;
+    StorageId o = op.outputs[i];
+    StorageRecord& r = rec(o);
+    components_.AddCost(r.component, -r.cost);
+    r.component = EvictedComponents::kNone;
+    --evicted_count_;
+    r.state = StorageState::kResident;
+    memory_ += r.size;
+    brought_back.push_back(o);
+  }
+  // Then the in-place continuation of `id`'s recipe.
+  for (size_t k = 1; k < recipe.size(); ++k) {
+    bool keep_one[1] = {true};
+    absl::StatusOr<double> c = backend_->Replay(recipe[k], ops_[recipe[k]], absl::MakeConstSpan(keep_one, 1));
+    if (!c.ok()) return c.status();
+    ++stats_.replays;
+    AdvanceClock(*c);
+    total += *c;
+  }
+  stats_.remat_cost += total;
+  for (StorageId o : brought_back) {
+    Touch(o);
+    SyncPool(o);
+    NoteRemat(o);
+    if (absl::Status s = backend_->OnRematerialized(o, rec(o)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void Runtime::NoteRemat(StorageId id) {
+  StorageRecord& r = rec(id);
+  double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
+  r.recent_remats = r.recent_remats * std::exp2(-age) + 1;
+  r.last_remat_op = op_counter_;
+  ++r.remat_count;
+  ++stats_.rematerializations;
+  if (r.recent_remats >= config_.thrash_report_threshold &&
+      r.recent_remats - 1 < config_.thrash_report_threshold)
+    ++stats_.thrash_events;
+}
+
+// ---- Deallocation ---------------------------------------------------------------------------
+
+void Runtime::OnUnreferenced(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (r.external_refs > 0 || r.locks > 0 || r.pins > 0) return;
+  if (r.readers.empty()) {
+    MaybeCollect(id);
+    return;
+  }
+  if (config_.dealloc == DeallocPolicy::kBanish) {
+    if (HasEvictedDependent(id)) {
+      r.banish_pending = true;
+    } else {
+      Banish(id);
+    }
+    return;
+  }
+  if (Eligible(r)) EvictUnchecked(id, /*eager=*/true);
+}
+
+void Runtime::Banish(StorageId id) {
+  // Every resident dependent loses the ability to be recomputed: it becomes a constant.
+  std::vector<StorageId> dependents;
+  Dependents(id, &dependents);
+  for (StorageId d : dependents) Detach(d);
+  StorageRecord& r = rec(id);
+  r.banish_pending = false;
+  ++stats_.banishments;
+  // With no readers left it is collected right away (memory released permanently).
+  MaybeCollect(id);
+}
+
+void Runtime::Detach(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (!r.rematerializable()) return;
+  ClearRecipe(id);
+  ++stats_.detached;
+}
+
+void Runtime::ClearRecipe(StorageId id) {
+  StorageRecord& r = rec(id);
+  absl::InlinedVector<OpId, 2> recipe;
+  recipe.swap(r.recipe);
+  r.cost = 0;
+  SyncPool(id);
+  for (OpId op_id : recipe) {
+    OpRecord& op = ops_[op_id];
+    if (--op.recipe_users > 0) continue;
+    for (StorageId in : op.inputs) {
+      StorageRecord* in_rec = storages_.Find(in);
+      if (in_rec == nullptr) continue;
+      EraseValue(in_rec->readers, op_id);
+      if (in_rec->readers.empty()) MaybeCollect(in);
+    }
+    backend_->OnOpDropped(op_id, op);
+    ops_.Erase(op_id);
+  }
+}
+
+void Runtime::MaybeCollect(StorageId id) {
+  StorageRecord* r = storages_.Find(id);
+  if (r == nullptr || r->deletion_pending) return;
+  if (r->external_refs > 0 || r->locks > 0 || r->pins > 0 || !r->readers.empty()) return;
+  r->deletion_pending = true;
+  collect_worklist_.push_back(id);
+}
+
+void Runtime::DrainCollection() {
+  while (!collect_worklist_.empty()) {
+    StorageId id = collect_worklist_.back();
+    collect_worklist_.pop_back();
+    StorageRecord& r = rec(id);
+    if (r.external_refs > 0 || r.locks > 0 || r.pins > 0 || !r.readers.empty()) {
+      r.deletion_pending = false;
+      continue;
+    }
+    if (r.state == StorageState::kEvicted) {
+      components_.AddCost(r.component, -r.cost);
+      --evicted_count_;
+    } else {
+      memory_ -= r.size;
+      backend_->Release(id, r, /*permanently=*/true);
+    }
+    r.state = StorageState::kBanished;
+    ClearRecipe(id);  // may queue inputs
+    ++stats_.collected;
+    storages_.Erase(id);
+  }
+}
+
+// ---- Invariants -----------------------------------------------------------------------------
+
+absl::Status Runtime::CheckInvariants() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat("invariant: ", parts...)); };
+  uint64_t resident_sum = 0, pool_sum = 0, evicted = 0;
+  size_t eligible = 0;
+  absl::flat_hash_map<uint64_t, uint32_t> recipe_users;
+  absl::flat_hash_map<uint32_t, double> component_cost;
+  absl::Status status;
+  storages_.ForEach([&](StorageId id, const StorageRecord& r) {
+    if (!status.ok()) return;
+    if (r.locks != 0) status = fail(IdString(id), " holds ", r.locks, " locks between operations");
+    if (r.state == StorageState::kBanished) status = fail(IdString(id), " is banished but still recorded");
+    if (r.resident()) {
+      resident_sum += r.size;
+      if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
+    } else {
+      ++evicted;
+      if (!r.rematerializable()) status = fail(IdString(id), " evicted without a recipe");
+      if (r.pins > 0) status = fail(IdString(id), " evicted while pinned");
+      if (r.component == EvictedComponents::kNone) status = fail(IdString(id), " evicted without a component");
+      else component_cost[components_.Find(r.component)] += r.cost;
+    }
+    bool eligible_now = r.resident() && r.rematerializable() && r.pins == 0 && r.size > 0;
+    if (eligible_now) {
+      ++eligible;
+      pool_sum += r.size;
+      if (r.pool_index >= pool_.size() || pool_[r.pool_index] != id)
+        status = fail(IdString(id), " evictable but not in the pool at its index");
+    } else if (r.pool_index != UINT32_MAX) {
+      status = fail(IdString(id), " in the pool but not evictable");
+    }
+    double cost = 0;
+    for (OpId op_id : r.recipe) {
+      const OpRecord* op = ops_.Find(op_id);
+      if (op == nullptr) {
+        status = fail(IdString(id), " recipe names a dropped op");
+        return;
+      }
+      cost += op->cost;
+      ++recipe_users[op_id.packed()];
+      if (!ContainsValue(op->outputs, id)) status = fail(IdString(id), " recipe op does not write it");
+      for (StorageId in : op->inputs) {
+        const StorageRecord* in_rec = storages_.Find(in);
+        if (in_rec == nullptr) status = fail(IdString(id), " depends on collected ", IdString(in));
+        else if (!ContainsValue(in_rec->readers, op_id)) status = fail(IdString(in), " misses reader ", op->name);
+      }
+    }
+    if (std::abs(cost - r.cost) > 1e-9 * std::max(1.0, cost)) status = fail(IdString(id), " cost is stale");
+    for (OpId reader : r.readers) {
+      const OpRecord* op = ops_.Find(reader);
+      if (op == nullptr || !ContainsValue(op->inputs, id)) status = fail(IdString(id), " has a stale reader");
+    }
+  });
+  if (!status.ok()) return status;
+  ops_.ForEach([&](OpId id, const OpRecord& op) {
+    auto it = recipe_users.find(id.packed());
+    uint32_t users = it == recipe_users.end() ? 0 : it->second;
+    if (users == 0 || users != op.recipe_users)
+      status = fail("op ", op.name, " recipe_users=", op.recipe_users, " but used by ", users);
+  });
+  if (!status.ok()) return status;
+  if (resident_sum != memory_) return fail("memory ", memory_, " != resident sum ", resident_sum);
+  if (config_.budget_bytes != kUnlimitedBudget && memory_ > config_.budget_bytes)
+    return fail("memory ", memory_, " over budget ", config_.budget_bytes);
+  if (eligible != pool_.size() || pool_sum != pool_bytes_)
+    return fail("pool has ", pool_.size(), " entries / ", pool_bytes_, " bytes, expected ", eligible, " / ", pool_sum);
+  if (evicted != evicted_count_) return fail("evicted count ", evicted_count_, " != ", evicted);
+  // Note [Evicted components]: each set's cost is the sum over its evicted members.
+  for (const auto& [root, cost] : component_cost) {
+    double have = components_.Cost(root);
+    if (std::abs(have - cost) > 1e-6 * std::max(1.0, std::abs(cost)))
+      return fail("component ", root, " cost ", have, " != members' sum ", cost);
+  }
+  if (!collect_worklist_.empty()) return fail("collection worklist not drained");
+  return absl::OkStatus();
+}
+
+}  // namespace dtr

@@ -1,0 +1,178 @@
+// Runtime: the DTR brain. It records every computed storage's recipe (the ops that produce it),
+// keeps the resident bytes under a budget by evicting the storage the heuristic scores lowest,
+// and rematerializes evicted storages by replaying their recipes through an injected
+// ReplayBackend. It knows nothing about torch or devices; the torch layer and the trace
+// simulator drive the same code.
+//
+// Not thread-safe: the caller serializes calls (the torch layer holds one mutex around it).
+#ifndef DTR_RUNTIME_RUNTIME_H_
+#define DTR_RUNTIME_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "runtime/config.h"
+#include "runtime/evicted_components.h"
+#include "runtime/ids.h"
+#include "runtime/records.h"
+#include "runtime/replay_backend.h"
+#include "runtime/slot_map.h"
+#include "runtime/stats.h"
+
+namespace dtr {
+
+class Runtime {
+ public:
+  // Validates `config`; `backend` must outlive the runtime.
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(const RuntimeConfig& config,
+                                                         ReplayBackend* backend);
+
+  // ---- Recording --------------------------------------------------------------------------
+  // A storage that cannot be recomputed (parameter, input, output of an unreplayable op). It is
+  // resident, holds one external reference and is never evicted; banishing may free it.
+  absl::StatusOr<StorageId> AddConstant(uint64_t size, uint64_t handle = 0);
+
+  struct OpCall {
+    absl::string_view name;
+    absl::Span<const StorageId> inputs;      // storages the op reads (duplicates allowed)
+    absl::Span<const uint64_t> output_sizes; // one per new output storage
+    bool replayable = true;                  // false: outputs become constants
+    uint64_t handle = 0;                     // the backend's replay handle
+  };
+  // Runs one op that creates new storages: rematerializes and locks its inputs, makes room for
+  // its outputs, calls `execute` with the new output ids (it returns the measured cost), then
+  // records the outputs, each holding one external reference.
+  using ExecuteFn = absl::FunctionRef<absl::StatusOr<double>(absl::Span<const StorageId> outputs)>;
+  absl::StatusOr<std::vector<StorageId>> Compute(const OpCall& call, ExecuteFn execute);
+
+  struct MutateCall {
+    absl::string_view name;
+    absl::Span<const StorageId> inputs;   // everything the op reads, mutated storages included
+    absl::Span<const StorageId> mutated;  // storages written in place
+    bool replayable = true;
+    uint64_t handle = 0;
+  };
+  // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
+  // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
+  absl::Status Mutate(const MutateCall& call, absl::FunctionRef<absl::StatusOr<double>()> execute);
+
+  // Makes `id` resident (rematerializing it if needed) and marks it used now. For views (an op
+  // that reads a storage without creating one; `cost` is added to the base cost) and for
+  // tensors whose memory is about to be read outside the runtime's view.
+  absl::Status Access(StorageId id, double cost = 0);
+  absl::Status AddRef(StorageId id);
+  // Drops one external reference; at zero the deallocation policy applies.
+  absl::Status DropRef(StorageId id);
+  // Pinned storages are resident and never evicted until unpinned.
+  absl::Status Pin(StorageId id);
+  absl::Status Unpin(StorageId id);
+  absl::Status SetHandle(StorageId id, uint64_t handle);
+
+  // ---- Memory ------------------------------------------------------------------------------
+  // Evicts until memory() + bytes <= budget, or fails with ResourceExhausted explaining what
+  // was needed and pinned and what budget would have worked. `what` names the request.
+  absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // Evicts storages (lowest score first) until at least `bytes` were freed or none is
+  // evictable; returns the bytes freed. For an allocator that enforces the budget itself.
+  uint64_t EvictAtLeast(uint64_t bytes);
+  // Changes the budget, evicting down to it (fails, leaving the old budget, if impossible).
+  absl::Status SetBudget(uint64_t budget_bytes);
+
+  struct Candidate {
+    StorageId id;
+    double score;
+    uint64_t size;
+    uint64_t handle;
+  };
+  // Every evictable storage's score, lowest first, at most `max_count` of them: lets an
+  // allocator pick victims by score and by where their memory sits.
+  std::vector<Candidate> RankedCandidates(size_t max_count);
+  absl::Status Evict(StorageId id);
+
+  // ---- Introspection -----------------------------------------------------------------------
+  const StorageRecord* storage(StorageId id) const { return storages_.Find(id); }
+  const OpRecord* op(OpId id) const { return ops_.Find(id); }
+  size_t storage_count() const { return storages_.size(); }
+  size_t op_count() const { return ops_.size(); }
+  const RuntimeConfig& config() const { return config_; }
+  uint64_t budget() const { return config_.budget_bytes; }
+  uint64_t memory() const { return memory_; }
+  // Resident bytes that no eviction can free now (constants, pins, locks).
+  uint64_t UnevictableBytes() const;
+  double now() const { return now_; }
+  const RuntimeStats& stats() const;
+  // The heuristic's score of a resident storage now (for tests and tools).
+  double ScoreOf(StorageId id);
+
+  // Checks every invariant listed in the Notes of runtime.cc. Call between operations.
+  absl::Status CheckInvariants() const;
+
+ private:
+  Runtime(const RuntimeConfig& config, ReplayBackend* backend);
+
+  StorageRecord& rec(StorageId id) { return storages_[id]; }
+  absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
+  void Lock(StorageId id);
+  void Unlock(StorageId id);
+  void Touch(StorageId id) { rec(id).last_access = now_; }
+  void AdvanceClock(double cost);
+  void UpdatePeak(uint64_t transient);
+
+  // Dependencies and dependents over live recipes (Note [Recipes]).
+  void Deps(StorageId id, std::vector<StorageId>* out);
+  void Dependents(StorageId id, std::vector<StorageId>* out);
+  bool HasEvictedDependent(StorageId id);
+
+  // Evictable pool (Note [Evictable pool]).
+  bool Eligible(const StorageRecord& r) const;
+  void SyncPool(StorageId id);
+
+  // Victim search (Note [Victim search]).
+  double NeighborhoodCost(StorageId id);
+  double ScoreUnchecked(StorageId id);
+  bool ChooseVictim(StorageId* victim);
+  void EvictUnchecked(StorageId id, bool eager);
+  absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
+
+  // Rematerialization (Note [Rematerialization]).
+  absl::Status Materialize(StorageId target);
+  absl::Status ReplayRecipe(StorageId id);
+  void NoteRemat(StorageId id);
+
+  // Deallocation and record lifetime (Note [Record lifetime]).
+  void OnUnreferenced(StorageId id);
+  void Banish(StorageId id);
+  void Detach(StorageId id);
+  void ClearRecipe(StorageId id);
+  void MaybeCollect(StorageId id);
+  void DrainCollection();
+  void MaybeCompactComponents();
+
+  RuntimeConfig config_;
+  ReplayBackend* backend_;
+  SlotMap<StorageId, StorageRecord> storages_;
+  SlotMap<OpId, OpRecord> ops_;
+  EvictedComponents components_;
+  std::vector<StorageId> pool_;
+  uint64_t memory_ = 0;
+  uint64_t pool_bytes_ = 0;
+  uint64_t evicted_count_ = 0;
+  double now_ = 0;
+  uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
+  std::vector<StorageId> collect_worklist_;
+  std::vector<StorageId> scratch_;
+  std::mt19937_64 rng_;
+  mutable RuntimeStats stats_;
+};
+
+}  // namespace dtr
+
+#endif  // DTR_RUNTIME_RUNTIME_H_

@@ -1,0 +1,133 @@
+// dtr-sim: replays a trace through the DTR runtime under a budget, or writes a synthetic trace.
+//   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
+//           [--search sampled|exact] [--seed N] [--check]
+//   dtr-sim --generate KIND [--n N] [--seed N] [--b B --heuristic NAME]
+// The last line printed by a replay is one JSON object (see SimResult::ToJson).
+#include <cmath>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/bytes.h"
+#include "runtime/sim/generators.h"
+#include "runtime/sim/simulator.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage:
+  dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
+          [--search sampled|exact] [--seed N] [--check]
+  dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
+  dtr-sim --list-heuristics
+Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
+--budget takes bytes (suffixes K/M/G, KiB/MiB/GiB); --ratio is a fraction of the trace's peak
+with no budget. --generate writes a synthetic trace (chain, adversarial, unet, treelstm,
+random-dag) to stdout; for adversarial, --b is the budget in unit tensors it plays against.
+)";
+
+int Fail(const std::string& message) {
+  std::cerr << "dtr-sim: " << message << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dtr;
+  std::string trace_path = "-", generate, budget_text, ratio_text;
+  sim::SimOptions options;
+  sim::GeneratorOptions gen;
+  options.runtime.search = SearchMode::kSampled;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](std::string* out) -> bool {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (arg == "--list-heuristics") {
+      for (const auto& h : AllHeuristics()) std::cout << h.name << "\t" << h.description << "\n";
+      return 0;
+    } else if (arg == "--check") {
+      options.check_invariants = true;
+    } else if (!value(&v)) {
+      return Fail(absl::StrCat("unknown or incomplete option '", arg, "'\n", kUsage));
+    } else if (arg == "--trace") {
+      trace_path = v;
+    } else if (arg == "--generate") {
+      generate = v;
+    } else if (arg == "--budget") {
+      budget_text = v;
+    } else if (arg == "--ratio") {
+      ratio_text = v;
+    } else if (arg == "--heuristic") {
+      auto h = ParseHeuristic(v);
+      if (!h.ok()) return Fail(std::string(h.status().message()));
+      options.runtime.heuristic = *h;
+    } else if (arg == "--dealloc") {
+      auto d = ParseDeallocPolicy(v);
+      if (!d.ok()) return Fail(std::string(d.status().message()));
+      options.runtime.dealloc = *d;
+    } else if (arg == "--search") {
+      auto s = ParseSearchMode(v);
+      if (!s.ok()) return Fail(std::string(s.status().message()));
+      options.runtime.search = *s;
+    } else if (arg == "--seed") {
+      if (!absl::SimpleAtoi(v, &gen.seed)) return Fail(absl::StrCat("--seed: not a number '", v, "'"));
+      options.runtime.seed = gen.seed;
+    } else if (arg == "--n") {
+      if (!absl::SimpleAtoi(v, &gen.n) || gen.n <= 0) return Fail(absl::StrCat("--n: not a positive number '", v, "'"));
+    } else if (arg == "--b") {
+      if (!absl::SimpleAtoi(v, &gen.budget) || gen.budget <= 0)
+        return Fail(absl::StrCat("--b: not a positive number '", v, "'"));
+    } else {
+      return Fail(absl::StrCat("unknown option '", arg, "'\n", kUsage));
+    }
+  }
+
+  if (!generate.empty()) {
+    gen.adversary_config = options.runtime;
+    auto trace = sim::GenerateTrace(generate, gen);
+    if (!trace.ok()) return Fail(std::string(trace.status().message()));
+    std::cout.precision(17);
+    sim::WriteTrace(*trace, std::cout);
+    return 0;
+  }
+
+  absl::StatusOr<sim::Trace> trace;
+  if (trace_path == "-") {
+    std::stringstream buffer;
+    buffer << std::cin.rdbuf();
+    trace = sim::ParseTrace(buffer.str());
+  } else {
+    trace = sim::ReadTraceFile(trace_path);
+  }
+  if (!trace.ok()) return Fail(std::string(trace.status().message()));
+
+  if (!budget_text.empty() && !ratio_text.empty()) return Fail("give --budget or --ratio, not both");
+  if (!budget_text.empty()) {
+    auto bytes = ParseBytes(budget_text);
+    if (!bytes.ok()) return Fail(absl::StrCat("--budget: ", bytes.status().message()));
+    options.runtime.budget_bytes = *bytes;
+  } else if (!ratio_text.empty()) {
+    double ratio;
+    if (!absl::SimpleAtod(ratio_text, &ratio) || !(ratio > 0))
+      return Fail(absl::StrCat("--ratio: expected a positive number, got '", ratio_text, "'"));
+    auto peak = sim::UnconstrainedPeak(*trace);
+    if (!peak.ok()) return Fail(std::string(peak.status().message()));
+    options.runtime.budget_bytes = std::max<uint64_t>(1, uint64_t(std::floor(ratio * double(*peak))));
+  }
+  if (absl::Status s = options.runtime.Validate(); !s.ok()) return Fail(std::string(s.message()));
+  auto result = sim::Simulate(*trace, options);
+  if (!result.ok()) return Fail(absl::StrCat("simulation failed: ", result.status().message()));
+  if (!result->ok) std::cerr << "dtr-sim: out of memory: " << result->error << "\n";
+  std::cout << result->ToJson(options.runtime) << std::endl;
+  return result->ok ? 0 : 1;
+}

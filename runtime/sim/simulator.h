@@ -1,0 +1,49 @@
+// The trace simulator: replays a Trace through the real Runtime under a budget, with a backend
+// whose "memory" holds a hash of each storage's value. Every rematerialized storage is checked
+// to reproduce the value it had when first computed (Note [Simulated values]), and the backend's
+// own count of resident bytes is checked against the runtime's after every event.
+#ifndef DTR_RUNTIME_SIM_SIMULATOR_H_
+#define DTR_RUNTIME_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/config.h"
+#include "runtime/sim/trace.h"
+#include "runtime/stats.h"
+
+namespace dtr::sim {
+
+struct SimOptions {
+  RuntimeConfig runtime;
+  // Run Runtime::CheckInvariants after every event (slow: O(records) per event).
+  bool check_invariants = false;
+};
+
+struct SimResult {
+  bool ok = false;       // false: the budget was infeasible ("oom")
+  std::string error;     // the runtime's explanation when !ok
+  uint64_t budget_bytes = 0;
+  uint64_t peak_bytes = 0;
+  double base_cost = 0;
+  double total_cost = 0;
+  size_t events_replayed = 0;
+  RuntimeStats stats;
+
+  double compute_ratio() const { return base_cost > 0 ? total_cost / base_cost : 1.0; }
+  // One JSON object: status, budget_bytes, peak_bytes, base_cost, total_cost, compute_ratio,
+  // evictions, rematerializations and the rest of the stats.
+  std::string ToJson(const RuntimeConfig& config) const;
+};
+
+// Replays `trace`. Returns an error status for a broken trace or a failed value check (a
+// runtime bug); an infeasible budget is a result with ok == false.
+absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options);
+
+// The trace's peak resident bytes with no budget (what --ratio is relative to).
+absl::StatusOr<uint64_t> UnconstrainedPeak(const Trace& trace);
+
+}  // namespace dtr::sim
+
+#endif  // DTR_RUNTIME_SIM_SIMULATOR_H_

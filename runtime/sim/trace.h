@@ -1,0 +1,65 @@
+// The dtr trace format: a versioned, line-oriented text log of what a training program did
+// (op calls with their inputs, outputs, sizes, costs and aliasing; in-place ops; reference
+// copies and drops). The torch layer writes it (DTR_TRACE_FILE); dtr-sim replays it.
+//
+// Note [Trace format v1]
+//   dtr-trace 1                                  first non-comment line: magic and version
+//   # anything                                   comment (also blank lines)
+//   const T BYTES                                a constant storage (parameter, input) named T
+//   call NAME COST IN... -> OUT...               an op; each OUT is T:BYTES (new storage) or
+//                                                T=BASE (a view of BASE's storage)
+//   opaque NAME COST IN... -> OUT...             like call, but not replayable (outputs are
+//                                                constants: an op that cannot be replayed)
+//   mutate NAME COST IN... -> T...               in-place op writing the listed inputs
+//   copy T OLD                                   T is another reference to OLD's tensor
+//   release T                                    the program dropped its reference T
+// Tensor names are tokens without whitespace, ':' or '='; every name is defined once (the
+// torch layer numbers them). COST is a non-negative number in clock units (ns for real runs).
+// A new tensor holds one reference; a storage lives while any of its tensors is referenced.
+#ifndef DTR_RUNTIME_SIM_TRACE_H_
+#define DTR_RUNTIME_SIM_TRACE_H_
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dtr::sim {
+
+inline constexpr int kTraceVersion = 1;
+
+enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease };
+
+struct TraceOutput {
+  int tensor = -1;
+  uint64_t size = 0;   // for new storages
+  int alias_of = -1;   // tensor whose storage this output views, or -1
+};
+
+struct TraceEvent {
+  EventKind kind;
+  std::string name;          // op name (call/opaque/mutate)
+  double cost = 0;
+  std::vector<int> inputs;   // tensor indices (mutate: all inputs)
+  std::vector<TraceOutput> outputs;  // call/opaque: outputs; const: one output
+  std::vector<int> mutated;  // mutate: written tensors, a subset of inputs
+  int tensor = -1;           // copy/release: the tensor; copy: new name
+  int source = -1;           // copy: the existing tensor
+};
+
+struct Trace {
+  std::vector<std::string> tensor_names;  // index -> name
+  std::vector<TraceEvent> events;
+};
+
+absl::StatusOr<Trace> ParseTrace(absl::string_view text);
+absl::StatusOr<Trace> ReadTraceFile(const std::string& path);
+void WriteTrace(const Trace& trace, std::ostream& out);
+std::string TraceToString(const Trace& trace);
+
+}  // namespace dtr::sim
+
+#endif  // DTR_RUNTIME_SIM_TRACE_H_

@@ -1,0 +1,73 @@
+// SlotMap: dense storage of records addressed by generation-checked SlotIds, with O(1) insert,
+// erase and lookup and slot reuse. The runtime keeps storages and ops in these so that hot-path
+// lookups are an index and a generation compare, not a hash.
+#ifndef DTR_RUNTIME_SLOT_MAP_H_
+#define DTR_RUNTIME_SLOT_MAP_H_
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "runtime/ids.h"
+
+namespace dtr {
+
+template <typename Id, typename T>
+class SlotMap {
+ public:
+  Id Insert(T value) {
+    uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = uint32_t(slots_.size());
+      slots_.emplace_back();
+    }
+    Slot& slot = slots_[index];
+    slot.value.emplace(std::move(value));
+    ++size_;
+    return Id{index, slot.generation};
+  }
+
+  void Erase(Id id) {
+    Slot& slot = slots_[id.index];
+    slot.value.reset();
+    ++slot.generation;
+    free_.push_back(id.index);
+    --size_;
+  }
+
+  bool Contains(Id id) const {
+    return id.index < slots_.size() && slots_[id.index].generation == id.generation &&
+           slots_[id.index].value.has_value();
+  }
+  T* Find(Id id) { return Contains(id) ? &*slots_[id.index].value : nullptr; }
+  const T* Find(Id id) const { return Contains(id) ? &*slots_[id.index].value : nullptr; }
+  // Unchecked access for ids the caller knows to be live (checked in debug builds).
+  T& operator[](Id id) { return *slots_[id.index].value; }
+  const T& operator[](Id id) const { return *slots_[id.index].value; }
+
+  size_t size() const { return size_; }
+
+  // Calls fn(id, value) for every live record.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].value) fn(Id{i, slots_[i].generation}, *slots_[i].value);
+  }
+
+ private:
+  struct Slot {
+    uint32_t generation = 0;
+    std::optional<T> value;
+  };
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_;
+  size_t size_ = 0;
+};
+
+}  // namespace dtr
+
+#endif  // DTR_RUNTIME_SLOT_MAP_H_

@@ -1,0 +1,54 @@
+// Tests for heuristic names and score formulas, and RuntimeConfig validation.
+#include "runtime/heuristic.h"
+
+#include "gtest/gtest.h"
+#include "runtime/config.h"
+
+namespace dtr {
+namespace {
+
+TEST(Heuristic, EveryNameRoundTripsAndIsDocumented) {
+  ASSERT_EQ(AllHeuristics().size(), 7u);
+  for (const auto& info : AllHeuristics()) {
+    auto parsed = ParseHeuristic(info.name);
+    ASSERT_TRUE(parsed.ok()) << info.name;
+    EXPECT_EQ(*parsed, info.kind);
+    EXPECT_FALSE(info.description.empty());
+  }
+  auto bad = ParseHeuristic("dtr-fast");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dtr-eq"), std::string::npos);
+}
+
+TEST(Heuristic, ScoresFollowTheirDefinitions) {
+  ScoreInputs in{/*cost=*/6, /*neighborhood_cost=*/4, /*size=*/2, /*staleness=*/5, /*random=*/0.25};
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kDtrEq, in), 10.0 / 10);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kDtr, in), 10.0 / 10);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kDtrLocal, in), 6.0 / 10);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kLru, in), 1.0 / 5);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kSize, in), 1.0 / 2);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kMsps, in), 10.0 / 2);
+  EXPECT_DOUBLE_EQ(Score(HeuristicKind::kRandom, in), 0.25);
+}
+
+TEST(RuntimeConfig, ValidatesAndPrints) {
+  RuntimeConfig config;
+  EXPECT_TRUE(config.Validate().ok());
+  EXPECT_NE(config.ToString().find("heuristic=dtr-eq"), std::string::npos);
+  EXPECT_NE(config.ToString().find("budget=unlimited"), std::string::npos);
+  config.budget_bytes = 0;
+  EXPECT_FALSE(config.Validate().ok());
+  config = RuntimeConfig{};
+  config.small_storage_fraction = 1.5;
+  EXPECT_FALSE(config.Validate().ok());
+  config = RuntimeConfig{};
+  config.sample_factor = 0;
+  EXPECT_FALSE(config.Validate().ok());
+  EXPECT_FALSE(ParseDeallocPolicy("lazy").ok());
+  EXPECT_EQ(*ParseDeallocPolicy("banish"), DeallocPolicy::kBanish);
+  EXPECT_EQ(*ParseSearchMode("exact"), SearchMode::kExact);
+  EXPECT_FALSE(ParseSearchMode("fast").ok());
+}
+
+}  // namespace
+}  // namespace dtr

@@ -1,0 +1,412 @@
+// Tests for the DTR runtime with a recording fake backend.
+#include "runtime/runtime.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtr {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Records what the runtime asks for and checks replay preconditions.
+class FakeBackend : public ReplayBackend {
+ public:
+  Runtime* runtime = nullptr;
+  std::vector<std::string> replays;          // op names, in order
+  std::vector<std::vector<bool>> keeps;      // keep masks, in order
+  std::vector<std::pair<StorageId, bool>> releases;
+  std::vector<std::string> dropped_ops;
+  bool fail_replays = false;
+
+  absl::StatusOr<double> Replay(OpId, const OpRecord& op, absl::Span<const bool> keep) override {
+    if (fail_replays) return absl::UnavailableError("replay failed on purpose");
+    for (StorageId in : op.inputs) {
+      const StorageRecord* r = runtime->storage(in);
+      if (r == nullptr || !r->resident()) return absl::InternalError("replay with a non-resident input");
+      if (r->locks == 0) return absl::InternalError("replay with an unlocked input");
+    }
+    replays.push_back(op.name);
+    keeps.emplace_back(keep.begin(), keep.end());
+    return op.cost;
+  }
+  void Release(StorageId id, const StorageRecord&, bool permanently) override {
+    releases.push_back({id, permanently});
+  }
+  void OnOpDropped(OpId, const OpRecord& op) override { dropped_ops.push_back(op.name); }
+};
+
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void Make(RuntimeConfig config) {
+    auto r = Runtime::Create(config, &backend_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    rt_ = std::move(*r);
+    backend_.runtime = rt_.get();
+  }
+  void Make(uint64_t budget, HeuristicKind h = HeuristicKind::kDtrEq, DeallocPolicy d = DeallocPolicy::kEagerEvict) {
+    RuntimeConfig config;
+    config.budget_bytes = budget;
+    config.heuristic = h;
+    config.dealloc = d;
+    config.search = SearchMode::kExact;
+    Make(config);
+  }
+  StorageId Const(uint64_t size) {
+    auto id = rt_->AddConstant(size);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  std::vector<StorageId> Op(const std::string& name, std::vector<StorageId> inputs, std::vector<uint64_t> sizes,
+                            double cost = 1, bool replayable = true) {
+    auto outs = rt_->Compute({name, inputs, sizes, replayable, 0},
+                             [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    Check();
+    return outs.ok() ? *outs : std::vector<StorageId>{};
+  }
+  StorageId Op1(const std::string& name, std::vector<StorageId> inputs, uint64_t size, double cost = 1) {
+    return Op(name, inputs, {size}, cost)[0];
+  }
+  void Check() {
+    absl::Status s = rt_->CheckInvariants();
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+
+  FakeBackend backend_;
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(RuntimeTest, AccountsResidentBytesWithoutPressure) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(100);
+  StorageId a = Op1("a", {x}, 40);
+  auto bc = Op("split", {a, x}, {10, 20});
+  EXPECT_EQ(rt_->memory(), 170u);
+  EXPECT_EQ(rt_->stats().peak_memory_bytes, 170u);
+  EXPECT_EQ(rt_->stats().evictions, 0u);
+  EXPECT_EQ(rt_->stats().ops_recorded, 2u);
+  EXPECT_EQ(rt_->storage(bc[1])->recipe.size(), 1u);
+  EXPECT_FALSE(rt_->storage(x)->rematerializable());
+}
+
+TEST_F(RuntimeTest, EvictsUnderBudgetAndRematerializesOnAccess) {
+  Make(35);
+  StorageId x = Const(5);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  StorageId c = Op1("c", {b}, 10);
+  EXPECT_LE(rt_->memory(), 35u);
+  StorageId d = Op1("d", {c}, 10);  // 5 + 4 * 10 > 35: something goes
+  EXPECT_LE(rt_->memory(), 35u);
+  EXPECT_EQ(rt_->stats().evictions, 1u);
+  StorageId victim = !Resident(a) ? a : !Resident(b) ? b : c;
+  ASSERT_FALSE(Resident(victim));
+  EXPECT_NE(victim, d);  // the just-computed output is never the victim
+  ASSERT_TRUE(rt_->Access(victim).ok());
+  EXPECT_TRUE(Resident(victim));
+  EXPECT_EQ(rt_->stats().rematerializations, 1u);
+  EXPECT_GT(rt_->stats().remat_cost, 0);
+  Check();
+}
+
+TEST_F(RuntimeTest, RematerializesLongEvictedChainsWithoutRecursion) {
+  Make(kUnlimitedBudget);
+  constexpr int kDepth = 100000;
+  std::vector<StorageId> chain = {Const(1)};
+  uint64_t size = 1;
+  for (int i = 0; i < kDepth; ++i) {  // no per-op Check(): it is O(records)
+    auto out = rt_->Compute({"f", {&chain.back(), 1}, {&size, 1}, true, 0},
+                            [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    ASSERT_TRUE(out.ok());
+    chain.push_back((*out)[0]);
+  }
+  for (int i = 1; i <= kDepth; ++i) ASSERT_TRUE(rt_->Evict(chain[i]).ok());
+  ASSERT_TRUE(rt_->Access(chain.back()).ok());
+  EXPECT_EQ(backend_.replays.size(), size_t(kDepth));
+  EXPECT_EQ(rt_->stats().rematerializations, uint64_t(kDepth));
+  Check();
+}
+
+TEST_F(RuntimeTest, MultiOutputReplayKeepsEvictedSiblingsAndDiscardsResidentOnes) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(8);
+  auto ab = Op("two", {x}, {10, 20});
+  ASSERT_TRUE(rt_->Evict(ab[0]).ok());
+  ASSERT_TRUE(rt_->Evict(ab[1]).ok());
+  ASSERT_TRUE(rt_->Access(ab[0]).ok());
+  ASSERT_EQ(backend_.keeps.size(), 1u);
+  EXPECT_EQ(backend_.keeps[0], (std::vector<bool>{true, true}));  // one replay brings both back
+  EXPECT_TRUE(Resident(ab[1]));
+  EXPECT_EQ(rt_->memory(), 38u);
+  ASSERT_TRUE(rt_->Evict(ab[0]).ok());
+  ASSERT_TRUE(rt_->Access(ab[0]).ok());
+  EXPECT_EQ(backend_.keeps[1], (std::vector<bool>{true, false}));  // resident sibling not leaked
+  EXPECT_EQ(rt_->memory(), 38u);
+  EXPECT_EQ(rt_->stats().peak_memory_bytes, 38u + 20u);  // the discarded copy existed transiently
+  Check();
+}
+
+TEST_F(RuntimeTest, InputsOfTheRunningOpAreLockedAndNeverChosen) {
+  Make(30);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 9);
+  StorageId b = Op1("b", {x}, 9);
+  // Needs a and b resident and 10 more bytes: only c0 (unlocked) may go.
+  StorageId c0 = Op1("c0", {x}, 9);
+  StorageId d = Op1("d", {a, b}, 10);
+  EXPECT_TRUE(Resident(a));
+  EXPECT_TRUE(Resident(b));
+  EXPECT_FALSE(Resident(c0));
+  EXPECT_TRUE(Resident(d));
+}
+
+TEST_F(RuntimeTest, PinnedStoragesAreNotEvicted) {
+  Make(25);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  ASSERT_TRUE(rt_->Pin(a).ok());
+  StorageId b = Op1("b", {x}, 10);
+  Op1("c", {x}, 10);
+  EXPECT_TRUE(Resident(a));
+  EXPECT_FALSE(Resident(b));
+  EXPECT_FALSE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->Unpin(a).ok());
+  EXPECT_TRUE(rt_->Evict(a).ok());
+  EXPECT_FALSE(rt_->Unpin(a).ok());
+  Check();
+}
+
+TEST_F(RuntimeTest, InfeasibleBudgetFailsWithAnExplanationAndChangesNothing) {
+  Make(100);
+  StorageId x = Const(60);
+  StorageId a = Op1("a", {x}, 30);
+  ASSERT_TRUE(rt_->Pin(a).ok());
+  uint64_t before = rt_->memory();
+  auto outs = rt_->Compute({"big", {&x, 1}, {std::vector<uint64_t>{50}}, true, 0},
+                           [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_FALSE(outs.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(outs.status()));
+  std::string msg(outs.status().message());
+  EXPECT_THAT(msg, HasSubstr("infeasible"));
+  EXPECT_THAT(msg, HasSubstr("outputs of big"));
+  EXPECT_THAT(msg, HasSubstr("30 B pinned"));
+  EXPECT_THAT(msg, HasSubstr("60 B locked"));
+  EXPECT_THAT(msg, HasSubstr("at least 140 B"));
+  EXPECT_EQ(rt_->memory(), before);
+  Check();
+  // The same runtime keeps working after the failure.
+  ASSERT_TRUE(rt_->Unpin(a).ok());
+  Op1("small", {x}, 10);
+}
+
+TEST_F(RuntimeTest, FailedExecutionRollsBack) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  auto outs = rt_->Compute({"boom", {&x, 1}, {std::vector<uint64_t>{100}}, true, 0},
+                           [](absl::Span<const StorageId>) -> absl::StatusOr<double> {
+                             return absl::InvalidArgumentError("kernel failed");
+                           });
+  EXPECT_FALSE(outs.ok());
+  EXPECT_EQ(rt_->memory(), 4u);
+  EXPECT_EQ(rt_->storage_count(), 1u);
+  Check();
+}
+
+TEST_F(RuntimeTest, EagerEvictionEvictsNeededStoragesAndCollectsUnneededOnes) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  ASSERT_TRUE(rt_->DropRef(a).ok());  // b may need a again: evicted, record kept
+  EXPECT_FALSE(Resident(a));
+  EXPECT_EQ(rt_->stats().eager_evictions, 1u);
+  EXPECT_EQ(rt_->memory(), 11u);
+  ASSERT_TRUE(rt_->DropRef(b).ok());  // nothing reads b: collected, and then a too
+  EXPECT_EQ(rt_->storage(b), nullptr);
+  EXPECT_EQ(rt_->storage(a), nullptr);
+  EXPECT_EQ(rt_->memory(), 1u);
+  EXPECT_EQ(rt_->op_count(), 0u);
+  EXPECT_EQ(backend_.dropped_ops.size(), 2u);
+  EXPECT_TRUE(absl::IsNotFound(rt_->DropRef(b)));  // a stale id is reported, not misused
+  Check();
+}
+
+TEST_F(RuntimeTest, BanishingFreesForGoodAndPinsDependents) {
+  Make(kUnlimitedBudget, HeuristicKind::kDtrEq, DeallocPolicy::kBanish);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  ASSERT_TRUE(rt_->DropRef(a).ok());
+  EXPECT_EQ(rt_->storage(a), nullptr);
+  EXPECT_EQ(rt_->stats().banishments, 1u);
+  EXPECT_FALSE(rt_->storage(b)->rematerializable());  // b can no longer be recomputed
+  EXPECT_EQ(rt_->memory(), 11u);
+  ASSERT_FALSE(backend_.releases.empty());
+  EXPECT_TRUE(backend_.releases.back().second);  // released permanently
+  Check();
+}
+
+TEST_F(RuntimeTest, BanishingWaitsForEvictedDependents) {
+  Make(kUnlimitedBudget, HeuristicKind::kDtrEq, DeallocPolicy::kBanish);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  ASSERT_TRUE(rt_->DropRef(a).ok());
+  ASSERT_NE(rt_->storage(a), nullptr);  // b still needs a to come back
+  EXPECT_TRUE(rt_->storage(a)->banish_pending);
+  ASSERT_TRUE(rt_->Access(b).ok());      // b is back: a can go now
+  EXPECT_EQ(rt_->storage(a), nullptr);
+  EXPECT_FALSE(rt_->storage(b)->rematerializable());
+  Check();
+}
+
+TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  StorageId mutated[] = {a};
+  StorageId inputs[] = {a, x};
+  ASSERT_TRUE(rt_->Mutate({"relu_", inputs, mutated, true, 0}, []() -> absl::StatusOr<double> { return 2.0; }).ok());
+  // b read the old a: it was brought back first and is a constant now.
+  EXPECT_TRUE(Resident(b));
+  EXPECT_FALSE(rt_->storage(b)->rematerializable());
+  EXPECT_EQ(rt_->stats().detached, 1u);
+  ASSERT_EQ(rt_->storage(a)->recipe.size(), 2u);
+  EXPECT_DOUBLE_EQ(rt_->storage(a)->cost, 3.0);
+  backend_.replays.clear();
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->Access(a).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"a", "relu_"}));
+  Check();
+}
+
+TEST_F(RuntimeTest, MutatingSeveralStoragesMakesThemConstants) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {x}, 10);
+  StorageId both[] = {a, b};
+  ASSERT_TRUE(rt_->Mutate({"swap_", both, both, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_FALSE(rt_->storage(a)->rematerializable());
+  EXPECT_FALSE(rt_->storage(b)->rematerializable());
+  Check();
+}
+
+TEST_F(RuntimeTest, NeighborhoodCostsMatchTheirDefinitions) {
+  for (HeuristicKind h : {HeuristicKind::kDtr, HeuristicKind::kDtrEq, HeuristicKind::kMsps}) {
+    Make(kUnlimitedBudget, h);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 2, 1);
+    StorageId b = Op1("b", {a}, 2, 2);
+    StorageId c = Op1("c", {b}, 2, 4);
+    StorageId d = Op1("d", {c}, 2, 8);
+    StorageId e = Op1("e", {d}, 2, 16);
+    ASSERT_TRUE(rt_->Evict(b).ok());
+    ASSERT_TRUE(rt_->Evict(c).ok());
+    ASSERT_TRUE(rt_->Evict(e).ok());
+    double staleness = rt_->now() - rt_->storage(d)->last_access + 1;
+    double expected_neighborhood = h == HeuristicKind::kMsps ? 2 + 4 : 2 + 4 + 16;
+    double expected = h == HeuristicKind::kMsps ? (8 + expected_neighborhood) / 2
+                                                : (8 + expected_neighborhood) / (2 * staleness);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(d), expected) << HeuristicName(h);
+    double a_staleness = rt_->now() - rt_->storage(a)->last_access + 1;
+    double a_expected = h == HeuristicKind::kMsps ? 1.0 / 2 : (1 + 2 + 4) / (2 * a_staleness);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), a_expected) << HeuristicName(h);
+    Check();
+  }
+}
+
+TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
+  double scores[2];
+  for (int damping = 0; damping < 2; ++damping) {
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.thrash_damping = damping;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 10);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(rt_->Evict(a).ok());
+      ASSERT_TRUE(rt_->Access(a).ok());
+    }
+    scores[damping] = rt_->ScoreOf(a);
+    EXPECT_EQ(rt_->storage(a)->remat_count, 3u);
+  }
+  EXPECT_GT(scores[1], 3.5 * scores[0]);  // three recent remats: about 4x
+}
+
+TEST_F(RuntimeTest, SampledSearchScoresAboutSqrtNCandidates) {
+  RuntimeConfig config;
+  config.search = SearchMode::kSampled;
+  config.heuristic = HeuristicKind::kLru;
+  Make(config);
+  StorageId x = Const(1);
+  uint64_t size = 1;
+  for (int i = 0; i < 10000; ++i)
+    ASSERT_TRUE(rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
+                             [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; }).ok());
+  uint64_t before = rt_->stats().candidates_scored;
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  EXPECT_EQ(rt_->stats().evictions, 1u);
+  EXPECT_EQ(rt_->stats().candidates_scored - before, 100u);
+  Check();
+}
+
+TEST_F(RuntimeTest, ExactSearchFindsTheGlobalMinimumAndSkipsTinyStorages) {
+  Make(kUnlimitedBudget, HeuristicKind::kLru);
+  StorageId x = Const(1);
+  StorageId tiny = Op1("tiny", {x}, 1);  // oldest, but under 1% of the mean size
+  StorageId old = Op1("old", {x}, 1000);
+  for (int i = 0; i < 20; ++i) Op1("f", {x}, 1000);
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  EXPECT_TRUE(Resident(tiny));
+  EXPECT_FALSE(Resident(old));
+}
+
+TEST_F(RuntimeTest, SetBudgetBelowWhatIsPinnedFailsAndKeepsTheOldBudget) {
+  Make(1000);
+  StorageId x = Const(500);
+  (void)x;
+  EXPECT_FALSE(rt_->SetBudget(100).ok());
+  EXPECT_EQ(rt_->budget(), 1000u);
+  EXPECT_FALSE(rt_->SetBudget(0).ok());
+}
+
+TEST_F(RuntimeTest, ReplayFailureIsReportedAndStateStaysConsistent) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  backend_.fail_replays = true;
+  absl::Status s = rt_->Access(a);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_FALSE(Resident(a));
+  Check();
+  backend_.fail_replays = false;
+  EXPECT_TRUE(rt_->Access(a).ok());
+}
+
+TEST_F(RuntimeTest, EvictAtLeastFreesLowestScoresFirst) {
+  Make(kUnlimitedBudget, HeuristicKind::kSize);
+  StorageId x = Const(1);
+  StorageId small = Op1("s", {x}, 100);
+  StorageId big = Op1("b", {x}, 300);
+  EXPECT_EQ(rt_->EvictAtLeast(200), 300u);
+  EXPECT_FALSE(Resident(big));
+  EXPECT_TRUE(Resident(small));
+  auto ranked = rt_->RankedCandidates(10);
+  ASSERT_EQ(ranked.size(), 1u);
+  EXPECT_EQ(ranked[0].id, small);
+  EXPECT_EQ(rt_->UnevictableBytes(), 1u);
+}
+
+}  // namespace
+}  // namespace dtr

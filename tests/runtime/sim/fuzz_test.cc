@@ -1,0 +1,57 @@
+// Fuzz-style test: thousands of random traces under random budgets, heuristics, policies and
+// search modes, with Runtime::CheckInvariants after every event and the simulator's value and
+// byte checks throughout.
+#include <random>
+
+#include "gtest/gtest.h"
+#include "runtime/sim/generators.h"
+#include "runtime/sim/simulator.h"
+
+namespace dtr::sim {
+namespace {
+
+TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
+  std::mt19937_64 rng(20261121);
+  constexpr int kTraces = 5000;
+  int completed = 0, oom = 0;
+  uint64_t evictions = 0, remats = 0;
+  for (int i = 0; i < kTraces; ++i) {
+    GeneratorOptions gen;
+    gen.n = 20 + int(rng() % 80);
+    gen.seed = rng();
+    auto trace = GenerateTrace("random-dag", gen);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    auto peak = UnconstrainedPeak(*trace);
+    ASSERT_TRUE(peak.ok()) << "seed " << gen.seed << ": " << peak.status();
+    SimOptions options;
+    options.check_invariants = true;
+    const auto& heuristics = AllHeuristics();
+    options.runtime.heuristic = heuristics[rng() % heuristics.size()].kind;
+    options.runtime.dealloc = rng() % 2 ? DeallocPolicy::kBanish : DeallocPolicy::kEagerEvict;
+    options.runtime.search = rng() % 2 ? SearchMode::kExact : SearchMode::kSampled;
+    options.runtime.min_samples = 1 + uint32_t(rng() % 4);
+    options.runtime.thrash_damping = double(rng() % 3);
+    options.runtime.seed = rng();
+    double ratio = 0.2 + 0.8 * std::uniform_real_distribution<double>(0, 1)(rng);
+    options.runtime.budget_bytes = std::max<uint64_t>(1, uint64_t(ratio * double(*peak)));
+    auto result = Simulate(*trace, options);
+    ASSERT_TRUE(result.ok()) << "seed " << gen.seed << " " << options.runtime.ToString() << ": " << result.status();
+    if (result->ok) {
+      ++completed;
+      ASSERT_LE(result->peak_bytes, options.runtime.budget_bytes);
+    } else {
+      ++oom;
+    }
+    evictions += result->stats.evictions;
+    remats += result->stats.rematerializations;
+  }
+  // The budgets span feasible and infeasible; both outcomes and real rematerialization occur.
+  EXPECT_GT(completed, kTraces / 4);
+  EXPECT_GT(oom, 0);
+  EXPECT_GT(remats, 1000u);
+  std::printf("fuzz: %d traces, %d completed, %d oom, %llu evictions, %llu rematerializations\n", kTraces,
+              completed, oom, (unsigned long long)evictions, (unsigned long long)remats);
+}
+
+}  // namespace
+}  // namespace dtr::sim

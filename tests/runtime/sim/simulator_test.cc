@@ -1,0 +1,141 @@
+// Tests for the trace simulator: every heuristic and deallocation policy on every generator,
+// value checking, budget enforcement and the output condition.
+#include "runtime/sim/simulator.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/sim/generators.h"
+
+namespace dtr::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+Trace Generate(const std::string& kind, int n = 0) {
+  GeneratorOptions options;
+  options.n = n;
+  auto trace = GenerateTrace(kind, options);
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  return *trace;
+}
+
+SimOptions Options(uint64_t budget, HeuristicKind h, DeallocPolicy d = DeallocPolicy::kEagerEvict) {
+  SimOptions options;
+  options.runtime.budget_bytes = budget;
+  options.runtime.heuristic = h;
+  options.runtime.dealloc = d;
+  options.check_invariants = true;
+  return options;
+}
+
+TEST(Simulator, UnconstrainedRunHasNoEvictionsAndRatioOne) {
+  Trace trace = Generate("chain", 50);
+  auto result = Simulate(trace, SimOptions{});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->ok);
+  EXPECT_EQ(result->stats.rematerializations, 0u);
+  // Released activations that backward may need are evicted eagerly, never chosen by search.
+  EXPECT_EQ(result->stats.evictions, result->stats.eager_evictions);
+  EXPECT_EQ(result->stats.eviction_searches, 0u);
+  EXPECT_EQ(result->base_cost, 100);  // 50 forward + seed + 49 backward, cost 1 each
+  EXPECT_DOUBLE_EQ(result->compute_ratio(), 1.0);
+  EXPECT_EQ(result->peak_bytes, 52u);  // x, 50 activations, the seed gradient
+}
+
+TEST(Simulator, EveryHeuristicAndPolicyRunsEveryGeneratorWithinBudget) {
+  for (const std::string& kind : {"chain", "unet", "treelstm", "random-dag"}) {
+    Trace trace = Generate(kind);
+    auto peak = UnconstrainedPeak(trace);
+    ASSERT_TRUE(peak.ok()) << peak.status();
+    for (const auto& h : AllHeuristics()) {
+      for (DeallocPolicy d : {DeallocPolicy::kEagerEvict, DeallocPolicy::kBanish}) {
+        uint64_t budget = *peak * 7 / 10;
+        auto result = Simulate(trace, Options(budget, h.kind, d));
+        ASSERT_TRUE(result.ok()) << kind << " " << h.name << ": " << result.status();
+        if (!result->ok) {
+          EXPECT_THAT(result->error, HasSubstr("infeasible"));
+          continue;
+        }
+        EXPECT_LE(result->peak_bytes, budget) << kind << " " << h.name;
+        EXPECT_GE(result->total_cost, result->base_cost);
+        if (kind != "random-dag" && d == DeallocPolicy::kEagerEvict) {
+          EXPECT_GT(result->stats.evictions, 0u) << kind << " " << h.name;
+        }
+      }
+    }
+  }
+}
+
+TEST(Simulator, DtrHeuristicsFitTheChainAtHalfItsPeakWithRematerialization) {
+  Trace trace = Generate("chain", 200);
+  auto peak = UnconstrainedPeak(trace);
+  ASSERT_TRUE(peak.ok());
+  for (HeuristicKind h : {HeuristicKind::kDtrEq, HeuristicKind::kDtr, HeuristicKind::kDtrLocal, HeuristicKind::kLru}) {
+    auto result = Simulate(trace, Options(*peak / 2, h));
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->ok) << HeuristicName(h) << ": " << result->error;
+    EXPECT_GT(result->stats.rematerializations, 0u);
+    EXPECT_LT(result->compute_ratio(), 2.0) << HeuristicName(h);
+  }
+}
+
+TEST(Simulator, InfeasibleBudgetIsReportedAsOom) {
+  Trace trace = Generate("unet");
+  auto result = Simulate(trace, Options(1000, HeuristicKind::kDtrEq));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->ok);
+  EXPECT_THAT(result->error, HasSubstr("would be needed"));
+  std::string json = result->ToJson(Options(1000, HeuristicKind::kDtrEq).runtime);
+  EXPECT_THAT(json, HasSubstr("\"status\": \"oom\""));
+  EXPECT_THAT(json, HasSubstr("\"error\": "));
+}
+
+TEST(Simulator, ViewsCopiesMutationsAndOpaqueOpsKeepValuesExact) {
+  auto trace = ParseTrace(R"(dtr-trace 1
+const x 10
+call a 5 x -> a:100
+call v 0 a -> av=a
+call b 5 av -> b:100
+mutate scale_ 1 a x -> a
+opaque noise 3 b -> n:100
+call c 5 a n -> c:100
+copy c2 c
+release c
+call d 5 b c2 -> d:100
+release a
+release av
+call e 5 d -> e:100
+call f 5 e c2 -> f:100
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto peak = UnconstrainedPeak(*trace);
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  for (uint64_t budget = *peak; budget >= 310; budget -= 100) {
+    for (const auto& h : AllHeuristics()) {
+      auto result = Simulate(*trace, Options(budget, h.kind));
+      ASSERT_TRUE(result.ok()) << budget << " " << h.name << ": " << result.status();
+      if (result->ok) EXPECT_LE(result->peak_bytes, budget);
+    }
+  }
+}
+
+TEST(Simulator, UsingAReleasedTensorIsABrokenTrace) {
+  auto trace = ParseTrace("dtr-trace 1\nconst x 1\ncall a 1 x -> y:1\nrelease y\ncall b 1 y -> z:1\n");
+  ASSERT_TRUE(trace.ok());
+  auto result = Simulate(*trace, SimOptions{});
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("used after it was released"));
+}
+
+TEST(Simulator, OutputConditionBringsBackLiveResults) {
+  // Everything the program still holds at the end is resident, so its cost is counted.
+  Trace trace = Generate("chain", 30);
+  auto peak = UnconstrainedPeak(trace);
+  auto result = Simulate(trace, Options(*peak / 3, HeuristicKind::kDtrEq));
+  ASSERT_TRUE(result.ok());
+  ASSERT_TRUE(result->ok) << result->error;
+  EXPECT_GT(result->stats.evictions, 0u);
+}
+
+}  // namespace
+}  // namespace dtr::sim

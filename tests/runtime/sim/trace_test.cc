@@ -1,0 +1,91 @@
+// Tests for the trace format parser and writer.
+#include "runtime/sim/trace.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/sim/generators.h"
+
+namespace dtr::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr const char* kExample = R"(# a tiny training step
+dtr-trace 1
+const w 64
+const x 32
+call mm 10 x w -> y:16
+call split 3 y -> a:8 b=y
+opaque dropout 2 a -> d:8
+mutate relu_ 1 d -> d
+copy y2 y
+release y
+release a
+)";
+
+TEST(Trace, ParsesEveryEventKind) {
+  auto trace = ParseTrace(kExample);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 9u);
+  const auto& call = trace->events[2];
+  EXPECT_EQ(call.kind, EventKind::kCall);
+  EXPECT_EQ(call.name, "mm");
+  EXPECT_EQ(call.cost, 10);
+  ASSERT_EQ(call.inputs.size(), 2u);
+  EXPECT_EQ(trace->tensor_names[call.inputs[0]], "x");
+  EXPECT_EQ(call.outputs[0].size, 16u);
+  const auto& split = trace->events[3];
+  ASSERT_EQ(split.outputs.size(), 2u);
+  EXPECT_EQ(trace->tensor_names[split.outputs[1].alias_of], "y");
+  EXPECT_EQ(trace->events[4].kind, EventKind::kOpaque);
+  EXPECT_EQ(trace->events[5].kind, EventKind::kMutate);
+  EXPECT_EQ(trace->events[5].mutated.size(), 1u);
+  EXPECT_EQ(trace->events[6].kind, EventKind::kCopy);
+  EXPECT_EQ(trace->events[8].kind, EventKind::kRelease);
+}
+
+TEST(Trace, WriteThenParseRoundTrips) {
+  auto trace = ParseTrace(kExample);
+  ASSERT_TRUE(trace.ok());
+  std::string text = TraceToString(*trace);
+  auto again = ParseTrace(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), text);
+  for (const std::string& kind : GeneratorKinds()) {
+    GeneratorOptions options;
+    options.n = kind == "adversarial" ? 40 : 0;
+    auto generated = GenerateTrace(kind, options);
+    ASSERT_TRUE(generated.ok()) << kind << ": " << generated.status();
+    std::string g = TraceToString(*generated);
+    auto parsed = ParseTrace(g);
+    ASSERT_TRUE(parsed.ok()) << kind << ": " << parsed.status();
+    EXPECT_EQ(TraceToString(*parsed), g) << kind;
+  }
+}
+
+TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
+  struct Case {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {"call f 1 -> y:1\n", "first line"},
+      {"dtr-trace 2\n", "unsupported trace version 2"},
+      {"dtr-trace 1\nconst x\n", "line 2: expected 'const T BYTES'"},
+      {"dtr-trace 1\ncall f 1 x -> y:1\n", "'x' is used before it is defined"},
+      {"dtr-trace 1\nconst x 1\nconst x 1\n", "defined twice"},
+      {"dtr-trace 1\nconst x 1\ncall f -1 x -> y:1\n", "bad cost"},
+      {"dtr-trace 1\nconst x 1\ncall f 1 x\n", "missing '->'"},
+      {"dtr-trace 1\nconst x 1\ncall f 1 x -> y\n", "must be T:BYTES or T=BASE"},
+      {"dtr-trace 1\nconst x 1\nconst z 1\nmutate f 1 x -> z\n", "not an input"},
+      {"dtr-trace 1\nfrobnicate\n", "unknown event 'frobnicate'"},
+      {"", "empty trace"},
+  };
+  for (const Case& c : cases) {
+    auto trace = ParseTrace(c.text);
+    ASSERT_FALSE(trace.ok()) << c.text;
+    EXPECT_THAT(std::string(trace.status().message()), HasSubstr(c.message)) << c.text;
+  }
+}
+
+}  // namespace
+}  // namespace dtr::sim
