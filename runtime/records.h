@@ -40,6 +40,9 @@ struct StorageRecord {
   // which happens after every rematerialization of a dependent (they lock their deps).
   bool banish_pending = false;
   bool deletion_pending = false;     // guards the collection worklist
+  // Resident but only part of its recipe replayed (Note [Rematerialization]): its contents are
+  // not final, so it counts as evicted for banishing.
+  bool rebuilding = false;
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

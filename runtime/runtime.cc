@@ -35,16 +35,21 @@ namespace dtr {
 //
 // Note [Victim search]
 // Sampled mode scores max(min_samples, ceil(sample_factor * sqrt(n))) uniformly drawn pool
-// entries and evicts the lowest; exact mode scores all n. Storages smaller than
+// entries plus the kCarriedCandidates best runners-up of the previous search (re-scored: scores
+// move with the clock), evicts the lowest, and carries the new runners-up forward. Carrying
+// good candidates across searches (as Redis's approximate LRU does with its eviction pool) keeps
+// sampling from settling on a poor victim when a small sample misses every good one, which
+// made sampled search thrash on TreeLSTM traces. Exact mode scores all n. Storages smaller than
 // small_storage_fraction of the pool's mean size are skipped unless nothing else is evictable.
 // Scores are multiplied by (1 + thrash_damping * decayed recent remats), Note [Thrashing].
 //
 // Note [Rematerialization]
-// Materialize runs on an explicit stack of frames, one per storage being brought back. A
-// frame first locks all of its storage's deps (resident or not: a locked evicted storage cannot
-// be evicted again once it is back), then pushes the first non-resident dep; when all are
-// resident it replays the recipe and unlocks. The graph is acyclic, so the stack is bounded by
-// the number of storages; there is no recursion. Replaying a multi-output op computes all of
+// Materialize runs on an explicit stack of frames, one per storage being brought back. A frame
+// replays its storage's recipe one op at a time: it locks that op's inputs (resident or not: a
+// locked evicted storage cannot be evicted again once it is back), pushes the first non-resident
+// one, and when all are resident replays the op and unlocks them. Between recipe ops the storage
+// itself is locked, so the memory needed is the largest single step, not the whole recipe. The
+// graph is acyclic, so the stack is bounded by the number of storages; there is no recursion. Replaying a multi-output op computes all of
 // its outputs: evicted siblings whose recipe is exactly that op are kept, the rest (resident
 // siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
 // duration of the replay.
@@ -374,7 +379,7 @@ bool Runtime::HasEvictedDependent(StorageId id) {
   std::vector<StorageId> dependents;
   Dependents(id, &dependents);
   for (StorageId d : dependents)
-    if (!rec(d).resident()) return true;
+    if (!rec(d).resident() || rec(d).rebuilding) return true;
   return false;
 }
 
@@ -479,21 +484,33 @@ bool Runtime::ChooseVictim(StorageId* victim) {
   double small = config_.small_storage_fraction * double(pool_bytes_) / double(n);
   double best = 0, best_small = 0;
   StorageId best_id, best_small_id;
+  scored_.clear();
   auto consider = [&](StorageId id) {
     const StorageRecord& r = rec(id);
     if (r.locks > 0) return;
     double score = ScoreUnchecked(id);
     if (double(r.size) < small) {
       if (!best_small_id.valid() || score < best_small) best_small = score, best_small_id = id;
-    } else if (!best_id.valid() || score < best) {
-      best = score, best_id = id;
+      return;
     }
+    scored_.push_back({score, id});
+    if (!best_id.valid() || score < best) best = score, best_id = id;
   };
   size_t samples = std::max<size_t>(config_.min_samples,
                                     size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
   if (config_.search == SearchMode::kSampled && samples < n) {
+    // The best candidates of earlier searches compete again (Note [Victim search]).
+    for (StorageId id : carried_)
+      if (storages_.Contains(id) && rec(id).pool_index != UINT32_MAX) consider(id);
     std::uniform_int_distribution<size_t> pick(0, n - 1);
     for (size_t i = 0; i < samples; ++i) consider(pool_[pick(rng_)]);
+    // Carry the runners-up (distinct, best first) into the next search.
+    std::sort(scored_.begin(), scored_.end());
+    carried_.clear();
+    for (const auto& [score, id] : scored_) {
+      if (carried_.size() == kCarriedCandidates) break;
+      if (id != best_id && (carried_.empty() || carried_.back() != id)) carried_.push_back(id);
+    }
   }
   if (!best_id.valid()) {
     best_small_id = StorageId{};
@@ -627,35 +644,51 @@ absl::Status Runtime::InfeasibleError(uint64_t bytes, absl::string_view what) co
 
 absl::Status Runtime::Materialize(StorageId target) {
   if (rec(target).resident()) return absl::OkStatus();
+  // One frame per storage being brought back; `stage` is the recipe op being replayed.
   struct Frame {
     StorageId id;
-    bool locked = false;
-    std::vector<StorageId> deps;
+    size_t stage = 0;
+    bool deps_locked = false;
+    bool self_locked = false;
+    std::vector<StorageId> deps;  // inputs of recipe[stage], locked while deps_locked
   };
   std::vector<Frame> stack;
-  stack.push_back({target});
+  stack.push_back(Frame{target});
   auto unwind = [&](absl::Status status) {
-    for (Frame& f : stack)
-      if (f.locked)
+    for (Frame& f : stack) {
+      if (f.deps_locked)
         for (StorageId d : f.deps) Unlock(d);
+      if (f.self_locked) {
+        // A half-replayed recipe leaves no usable contents: drop them again.
+        StorageRecord& r = rec(f.id);
+        --r.locks;
+        r.rebuilding = false;
+        if (r.resident()) EvictUnchecked(f.id, /*eager=*/false);
+      }
+    }
     return status;
   };
   const size_t max_depth = storages_.size() + 1;
   while (!stack.empty()) {
     size_t top = stack.size() - 1;
     StorageId id = stack[top].id;
-    StorageRecord& r = rec(id);
-    if (!stack[top].locked) {
-      if (r.resident()) {
-        stack.pop_back();
-        continue;
+    if (!stack[top].deps_locked) {
+      StorageRecord& r = rec(id);
+      if (stack[top].stage == 0) {
+        if (r.resident()) {
+          stack.pop_back();
+          continue;
+        }
+        if (!r.rematerializable())
+          return unwind(absl::InternalError(
+              absl::StrCat("dtr: ", IdString(id), " is evicted but has no recipe to replay")));
       }
-      if (!r.rematerializable())
-        return unwind(absl::InternalError(
-            absl::StrCat("dtr: ", IdString(id), " is evicted but has no recipe to replay")));
-      Deps(id, &stack[top].deps);
-      for (StorageId d : stack[top].deps) Lock(d);
-      stack[top].locked = true;
+      Frame& f = stack[top];
+      f.deps.clear();
+      for (StorageId in : ops_[r.recipe[f.stage]].inputs)
+        if (in != id && !ContainsValue(f.deps, in)) f.deps.push_back(in);
+      for (StorageId d : f.deps) Lock(d);
+      f.deps_locked = true;
     }
     StorageId missing;
     for (StorageId d : stack[top].deps)
@@ -666,21 +699,39 @@ absl::Status Runtime::Materialize(StorageId target) {
     if (missing.valid()) {
       if (stack.size() > max_depth)
         return unwind(absl::InternalError("dtr: dependency cycle while rematerializing"));
-      stack.push_back({missing});
+      stack.push_back(Frame{missing});
       continue;
     }
-    absl::Status s = ReplayRecipe(id);
-    for (StorageId d : stack[top].deps) Unlock(d);
-    stack.pop_back();
+    // Note [Rematerialization]: the inputs of this recipe op are resident and locked.
+    Frame& f = stack[top];
+    absl::Status s = f.stage == 0 ? ReplayFirstOp(id) : ReplayInPlaceOp(id, f.stage);
     if (!s.ok()) return unwind(s);
+    ++f.stage;
+    bool more = f.stage < rec(id).recipe.size();
+    if (more && !f.self_locked) {
+      // Keep the partly rebuilt contents, and mark them not final, before anything is unlocked
+      // (unlocking may banish an input, which must not freeze a half-built storage).
+      Lock(id);
+      f.self_locked = true;
+      rec(id).rebuilding = true;
+    }
+    for (StorageId d : f.deps) Unlock(d);
+    f.deps_locked = false;
+    if (more) continue;
+    if (f.self_locked) {
+      rec(id).rebuilding = false;
+      Unlock(id);
+    }
+    stack.pop_back();
+    if (absl::Status done = FinishRemat(id); !done.ok()) return unwind(done);
   }
   return absl::OkStatus();
 }
 
-absl::Status Runtime::ReplayRecipe(StorageId id) {
-  absl::InlinedVector<OpId, 2> recipe = rec(id).recipe;
-  OpId first = recipe[0];
+absl::Status Runtime::ReplayFirstOp(StorageId id) {
+  OpId first = rec(id).recipe[0];
   const OpRecord& op = ops_[first];
+  // Evicted siblings produced by exactly this op come back too; the others are discarded again.
   absl::InlinedVector<bool, 4> keep(op.outputs.size(), false);
   uint64_t replay_bytes = 0;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
@@ -693,11 +744,9 @@ absl::Status Runtime::ReplayRecipe(StorageId id) {
   UpdatePeak(replay_bytes);
   absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
   if (!cost.ok()) return cost.status();
-  double total = *cost;
   ++stats_.replays;
+  stats_.remat_cost += *cost;
   AdvanceClock(*cost);
-  // The kept outputs of the first op are resident now.
-  absl::InlinedVector<StorageId, 2> brought_back;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (!keep[i]) continue;
     StorageId o = op.outputs[i];
@@ -707,25 +756,29 @@ absl::Status Runtime::ReplayRecipe(StorageId id) {
     --evicted_count_;
     r.state = StorageState::kResident;
     memory_ += r.size;
-    brought_back.push_back(o);
-  }
-  // Then the in-place continuation of `id`'s recipe.
-  for (size_t k = 1; k < recipe.size(); ++k) {
-    bool keep_one[1] = {true};
-    absl::StatusOr<double> c = backend_->Replay(recipe[k], ops_[recipe[k]], absl::MakeConstSpan(keep_one, 1));
-    if (!c.ok()) return c.status();
-    ++stats_.replays;
-    AdvanceClock(*c);
-    total += *c;
-  }
-  stats_.remat_cost += total;
-  for (StorageId o : brought_back) {
-    Touch(o);
-    SyncPool(o);
-    NoteRemat(o);
-    if (absl::Status s = backend_->OnRematerialized(o, rec(o)); !s.ok()) return s;
+    if (o != id) {
+      if (absl::Status s = FinishRemat(o); !s.ok()) return s;
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
+  OpId op_id = rec(id).recipe[stage];
+  bool keep_one[1] = {true};
+  absl::StatusOr<double> cost = backend_->Replay(op_id, ops_[op_id], absl::MakeConstSpan(keep_one, 1));
+  if (!cost.ok()) return cost.status();
+  ++stats_.replays;
+  stats_.remat_cost += *cost;
+  AdvanceClock(*cost);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::FinishRemat(StorageId id) {
+  Touch(id);
+  SyncPool(id);
+  NoteRemat(id);
+  return backend_->OnRematerialized(id, rec(id));
 }
 
 void Runtime::NoteRemat(StorageId id) {

@@ -144,7 +144,9 @@ class Runtime {
 
   // Rematerialization (Note [Rematerialization]).
   absl::Status Materialize(StorageId target);
-  absl::Status ReplayRecipe(StorageId id);
+  absl::Status ReplayFirstOp(StorageId id);
+  absl::Status ReplayInPlaceOp(StorageId id, size_t stage);
+  absl::Status FinishRemat(StorageId id);
   void NoteRemat(StorageId id);
 
   // Deallocation and record lifetime (Note [Record lifetime]).
@@ -167,6 +169,9 @@ class Runtime {
   uint64_t evicted_count_ = 0;
   double now_ = 0;
   uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
+  static constexpr size_t kCarriedCandidates = 16;
+  std::vector<StorageId> carried_;                     // Note [Victim search]
+  std::vector<std::pair<double, StorageId>> scored_;   // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
   std::mt19937_64 rng_;

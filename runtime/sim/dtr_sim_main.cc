@@ -19,7 +19,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
-          [--search sampled|exact] [--seed N] [--check]
+          [--search sampled|exact] [--seed N] [--thrash-damping X] [--min-samples N] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -82,6 +82,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--seed") {
       if (!absl::SimpleAtoi(v, &gen.seed)) return Fail(absl::StrCat("--seed: not a number '", v, "'"));
       options.runtime.seed = gen.seed;
+    } else if (arg == "--thrash-damping") {
+      if (!absl::SimpleAtod(v, &options.runtime.thrash_damping))
+        return Fail(absl::StrCat("--thrash-damping: not a number '", v, "'"));
+    } else if (arg == "--min-samples") {
+      if (!absl::SimpleAtoi(v, &options.runtime.min_samples))
+        return Fail(absl::StrCat("--min-samples: not a number '", v, "'"));
     } else if (arg == "--n") {
       if (!absl::SimpleAtoi(v, &gen.n) || gen.n <= 0) return Fail(absl::StrCat("--n: not a positive number '", v, "'"));
     } else if (arg == "--b") {

@@ -222,6 +222,11 @@ absl::StatusOr<Trace> Adversarial(int n, const GeneratorOptions& options) {
     auto ids = rt.Compute({"f", {&parent_id, 1}, {&size, 1}, true, 0},
                           [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
     if (!ids.ok()) return ids.status();
+    // The program holds only the tip of each path.
+    if (!paths[path].empty()) {
+      out.Release(parent);
+      if (absl::Status s = rt.DropRef(parent_id); !s.ok()) return s;
+    }
     paths[path].push_back({t, (*ids)[0]});
     return absl::OkStatus();
   };
@@ -233,11 +238,16 @@ absl::StatusOr<Trace> Adversarial(int n, const GeneratorOptions& options) {
     size_t best_len = 0;
     for (int p = 0; p < budget; ++p) {
       size_t len = 0;
-      for (auto it = paths[p].rbegin(); it != paths[p].rend() && !rt.storage(it->second)->resident(); ++it) ++len;
+      for (auto it = paths[p].rbegin(); it != paths[p].rend(); ++it) {
+        const StorageRecord* r = rt.storage(it->second);
+        if (r == nullptr || r->resident()) break;
+        ++len;
+      }
       if (len > best_len) best = p, best_len = len;
     }
     if (absl::Status s = extend(best); !s.ok()) return s;
   }
+  for (const auto& path : paths) out.Release(path.back().first);
   return out.Take();
 }
 

@@ -35,7 +35,7 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     double ratio = 0.2 + 0.8 * std::uniform_real_distribution<double>(0, 1)(rng);
     options.runtime.budget_bytes = std::max<uint64_t>(1, uint64_t(ratio * double(*peak)));
     auto result = Simulate(*trace, options);
-    ASSERT_TRUE(result.ok()) << "seed " << gen.seed << " " << options.runtime.ToString() << ": " << result.status();
+    ASSERT_TRUE(result.ok()) << "dtr-sim --generate random-dag --n " << gen.n << " --seed " << gen.seed << " | dtr-sim " << options.runtime.ToString() << ": " << result.status();
     if (result->ok) {
       ++completed;
       ASSERT_LE(result->peak_bytes, options.runtime.budget_bytes);

@@ -139,3 +139,35 @@ TEST(Simulator, OutputConditionBringsBackLiveResults) {
 
 }  // namespace
 }  // namespace dtr::sim
+
+namespace dtr::sim {
+namespace {
+
+// Theorem 3.2: against a deterministic heuristic the adversary forces Omega(N/B) overhead,
+// while a static schedule (one path at a time) needs N operations.
+TEST(Simulator, AdversarialTraceForcesOverheadGrowingWithN) {
+  double ratios[2];
+  int sizes[2] = {200, 800};
+  for (int i = 0; i < 2; ++i) {
+    GeneratorOptions gen;
+    gen.n = sizes[i];
+    gen.budget = 8;
+    gen.adversary_config.search = SearchMode::kExact;
+    auto trace = GenerateTrace("adversarial", gen);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    SimOptions options;
+    options.runtime.search = SearchMode::kExact;
+    options.runtime.budget_bytes = 9;  // the root plus B unit tensors
+    auto result = Simulate(*trace, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->ok) << result->error;
+    EXPECT_EQ(result->base_cost, sizes[i]);
+    ratios[i] = result->compute_ratio();
+    std::printf("theorem 3.2: N=%d B=8 compute_ratio=%.2f\n", sizes[i], ratios[i]);
+  }
+  EXPECT_GT(ratios[0], 200.0 / 8 / 4);
+  EXPECT_GT(ratios[1] / ratios[0], 3.5);  // linear in N at fixed B
+}
+
+}  // namespace
+}  // namespace dtr::sim

@@ -1,0 +1,704 @@
+// The caching allocator (see caching_allocator.h). Invariants are written as Notes below and
+// checked by CheckInvariants().
+#include "allocator/caching_allocator.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/byte_format.h"
+
+namespace dtr::alloc {
+
+// Note [Budget is a hard cap]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// stats_.reserved_bytes.current (the sum of segment sizes, i.e. what the backend gave us) never
+// exceeds config_.budget_bytes. The only place that obtains memory, GrowLocked, checks the
+// budget before calling the backend, so the cap holds at every instant, not just eventually. A
+// request that does not fit climbs the retry ladder (Note [Retry ladder]) and, failing that, is
+// refused; the budget is never "temporarily" exceeded.
+//
+// Note [Budget-constrained segment size]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch grows large-pool requests below 10 MiB by a 20 MiB segment. Under a hard budget that
+// could refuse a 3 MiB request while 10 MiB of budget remain. With
+// config.shrink_segment_to_fit_budget, when the usual segment exceeds the remaining budget (or the
+// backend refuses it) GrowLocked tries the smallest segment that holds the request
+// (SizeClasses::MinimalSegmentSize). CanSatisfy reasons with that smallest size.
+//
+// Note [Segment tiling]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The blocks of a segment, linked by prev/next starting at segment->head, tile it exactly: the
+// first starts at the segment base, each starts where the previous ends, the last ends at the
+// segment end, each has size > 0 and a multiple of min_block_size, and each records that segment,
+// its pool and its stream (a segment belongs to the stream and pool it was allocated for).
+//
+// Note [Eager coalescing]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Two neighbouring blocks are never both free: FreeBlockLocked merges a newly free block with its
+// free neighbours before inserting it in a free set, and a split only carves a free remainder off a
+// block whose neighbours are, by this invariant, not free. Hence the size of the free block that
+// freeing X would produce is X plus its immediate free neighbours (CoalescedFreeSizeIfFreed).
+//
+// Note [Free set mirrors free blocks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// free_blocks_[pool] contains exactly the free blocks (not allocated, no pending events) of that
+// pool; allocated_blocks_ maps exactly the allocated blocks' addresses to them; pending_events_
+// holds, for each block in state kPendingEvents, as many entries as its pending_events count.
+//
+// Note [Stream-ordered reuse]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A block belongs to the stream it was allocated on, and free sets are keyed by stream first, so
+// a block is only reused by the same stream (whose work is ordered after the caller's). Uses on
+// other streams are declared with RecordStream; when such a block is freed, one event per use
+// stream is recorded and the block enters kPendingEvents: no longer allocated, still active, not
+// reusable and not coalescable. ProcessEventsLocked (at every Allocate, EmptyCache and eviction
+// query) polls the events without ever waiting and frees the block when all have completed. This
+// mirrors PyTorch's recordStream / insert_events / process_events.
+//
+// Note [Stats match snapshot]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The current values of the gauges in stats_ equal the totals over the segments and blocks:
+// reserved = sum of segment sizes, allocated = sum of allocated block sizes, active = allocated +
+// pending block sizes, requested = sum of allocated blocks' requested sizes, and the matching
+// counts.
+//
+// Note [No lock across eviction]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The EvictionHandler evicts by calling Free on this allocator, and may query it, so MakeRoom is
+// called with mu_ released. Everything learned before the call is stale afterwards (this and other
+// threads freed and allocated meanwhile), so Allocate re-runs the ladder from rung 1 after it. An
+// Allocate issued from inside MakeRoom on the same thread skips rung 3 (no recursive eviction).
+//
+// Note [Retry ladder]
+// ~~~~~~~~~~~~~~~~~~~
+// Allocate tries, in order: (1) the best-fitting cached free block of the pool on the stream;
+// (2) a new segment within the budget; (3) the EvictionHandler, then (1)-(2) again; (4) releasing
+// all fully free cached segments (EmptyCache-style), then (1)-(2) again; (5) ResourceExhausted.
+// A failing backend (a real device OOM) in (2) is handled the same way: the ladder continues, and
+// its error is quoted in the final report. Rung 3 comes before rung 4 as specified; an eviction
+// policy that wants to avoid needless evictions checks CanSatisfy first, which already counts the
+// bytes rung 4 could release (the strategies in eviction_strategy.h do).
+
+namespace {
+
+// Allocators whose EvictionHandler::MakeRoom is running on this thread (Note [No lock across
+// eviction]).
+thread_local std::vector<const CachingAllocator*> t_evicting;
+
+bool InMakeRoom(const CachingAllocator* allocator) {
+  return std::find(t_evicting.begin(), t_evicting.end(), allocator) != t_evicting.end();
+}
+
+}  // namespace
+
+bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
+  return std::tie(a->stream.id, a->size, a->ptr) < std::tie(b->stream.id, b->size, b->ptr);
+}
+
+absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
+    const AllocatorConfig& config, DeviceMemoryBackend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CachingAllocator: null backend");
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (backend->MinAlignment() < config.min_block_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend ", backend->Name(), " aligns to ", backend->MinAlignment(),
+        " bytes, below min_block_size ", config.min_block_size));
+  }
+  return std::unique_ptr<CachingAllocator>(new CachingAllocator(config, backend));
+}
+
+CachingAllocator::CachingAllocator(const AllocatorConfig& config, DeviceMemoryBackend* backend)
+    : config_(config), sizes_(config), backend_(backend) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const PendingEvent& pending : pending_events_) backend_->DestroyEvent(pending.event);
+  pending_events_.clear();
+  for (auto& [base, segment] : segments_) {
+    for (Block* b = segment->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    backend_->Free(reinterpret_cast<void*>(segment->base), segment->size);
+  }
+  segments_.clear();
+}
+
+void CachingAllocator::SetEvictionHandler(EvictionHandler* handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handler_ = handler;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocation
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, Stream stream) {
+  if (bytes > SizeClasses::kMaxRequest) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.num_ooms;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "dtr allocator out of memory: tried to allocate ", FormatBytes(bytes),
+        ", more than the largest supported request ", FormatBytes(SizeClasses::kMaxRequest)));
+  }
+  const size_t rounded = sizes_.RoundSize(bytes);
+  const Pool pool = sizes_.PoolFor(rounded);
+  absl::Status backend_error;
+  EvictionHandler* handler = nullptr;
+  EvictionRequest request;
+  const bool nested = InMakeRoom(this);
+
+  // Rungs 1 and 2.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ProcessEventsLocked();
+    Attempt attempt = TryAllocateLocked(rounded, bytes, pool, stream);
+    if (attempt.ptr != nullptr) return attempt.ptr;
+    if (!attempt.backend_error.ok()) backend_error = attempt.backend_error;
+    ++stats_.num_alloc_retries;
+    if (config_.enable_eviction && !nested) handler = handler_;
+    if (handler != nullptr) {
+      request = MakeRequestLocked(bytes, rounded, pool, stream);
+      ++stats_.num_eviction_calls;
+      stats_.eviction_bytes_requested += static_cast<int64_t>(rounded);
+    }
+  }
+
+  // Rung 3, without the lock (Note [No lock across eviction]).
+  EvictionResult eviction;
+  if (handler != nullptr) {
+    t_evicting.push_back(this);
+    eviction = handler->MakeRoom(request);
+    t_evicting.pop_back();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.eviction_bytes_freed += static_cast<int64_t>(eviction.bytes_freed);
+    ProcessEventsLocked();
+    Attempt attempt = TryAllocateLocked(rounded, bytes, pool, stream);
+    if (attempt.ptr != nullptr) return attempt.ptr;
+    if (!attempt.backend_error.ok()) backend_error = attempt.backend_error;
+  }
+
+  // Rung 4, then the report (rung 5).
+  size_t budget, reserved, allocated, largest_free, released;
+  EvictionHandler* pinned_source = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ProcessEventsLocked();
+    ++stats_.num_cache_flushes;
+    released = ReleaseCachedSegmentsLocked();
+    Attempt attempt = TryAllocateLocked(rounded, bytes, pool, stream);
+    if (attempt.ptr != nullptr) return attempt.ptr;
+    if (!attempt.backend_error.ok()) backend_error = attempt.backend_error;
+    ++stats_.num_ooms;
+    budget = config_.budget_bytes;
+    reserved = static_cast<size_t>(stats_.reserved_bytes.current);
+    allocated = static_cast<size_t>(stats_.allocated_bytes.current);
+    largest_free = LargestFreeBlockLocked();
+    if (handler == nullptr && !nested) pinned_source = handler_;
+  }
+  std::string pinned;
+  if (handler != nullptr) {
+    pinned = FormatBytes(eviction.pinned_bytes);
+  } else if (pinned_source != nullptr) {
+    pinned = FormatBytes(pinned_source->PinnedBytes());
+  } else {
+    pinned = "unknown (no eviction handler consulted)";
+  }
+  std::string eviction_text;
+  if (handler != nullptr) {
+    eviction_text = absl::StrCat("eviction freed ", FormatBytes(eviction.bytes_freed), " in ",
+                                 eviction.blocks_freed, " blocks");
+  } else if (nested) {
+    eviction_text = "eviction skipped (request made from inside the eviction handler)";
+  } else if (!config_.enable_eviction) {
+    eviction_text = "eviction disabled";
+  } else {
+    eviction_text = "no eviction handler";
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "dtr allocator out of memory: tried to allocate ", FormatBytes(bytes), " (block ",
+      FormatBytes(rounded), ", ", PoolName(pool), " pool, ", StreamName(stream),
+      "); budget ", config_.unlimited_budget() ? "unlimited" : FormatBytes(budget),
+      "; reserved ", FormatBytes(reserved), "; allocated ", FormatBytes(allocated),
+      "; largest free block ", FormatBytes(largest_free), "; pinned (unevictable) ", pinned,
+      "; ", eviction_text, "; released cached ", FormatBytes(released), "; backend ",
+      backend_->Name(), backend_error.ok() ? "" : ": ", backend_error.message()));
+}
+
+CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, size_t requested,
+                                                              Pool pool, Stream stream) {
+  Attempt attempt;
+  if (Block* block = FindFreeBlockLocked(rounded, pool, stream)) {
+    ++stats_.num_cache_hits;
+    attempt.ptr = HandOutLocked(block, rounded, requested);
+    return attempt;
+  }
+  if (Block* block = GrowLocked(rounded, pool, stream, &attempt.backend_error)) {
+    attempt.ptr = HandOutLocked(block, rounded, requested);
+  }
+  return attempt;
+}
+
+CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, Pool pool,
+                                                               Stream stream) const {
+  const FreeSet& set = free_blocks_[static_cast<int>(pool)];
+  Block key;
+  key.stream = stream;
+  key.size = rounded;
+  key.ptr = 0;
+  auto it = set.lower_bound(&key);
+  if (it == set.end() || (*it)->stream != stream) return nullptr;
+  return *it;  // best fit: the smallest block of this stream that is large enough
+}
+
+CachingAllocator::Block* CachingAllocator::GrowLocked(size_t rounded, Pool pool, Stream stream,
+                                                      absl::Status* backend_error) {
+  // Note [Budget is a hard cap], Note [Budget-constrained segment size].
+  const size_t normal = sizes_.SegmentSize(rounded);
+  const size_t minimal = sizes_.MinimalSegmentSize(rounded);
+  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
+  auto fits_budget = [&](size_t size) {
+    return size <= config_.budget_bytes && reserved <= config_.budget_bytes - size;
+  };
+  size_t sizes[2];
+  int num_sizes = 0;
+  if (fits_budget(normal)) sizes[num_sizes++] = normal;
+  if (config_.shrink_segment_to_fit_budget && minimal < normal && fits_budget(minimal)) {
+    sizes[num_sizes++] = minimal;
+  }
+  for (int i = 0; i < num_sizes; ++i) {
+    absl::StatusOr<void*> memory = backend_->Allocate(sizes[i]);
+    if (!memory.ok()) {
+      ++stats_.num_backend_failures;
+      *backend_error = memory.status();
+      continue;
+    }
+    auto segment = std::make_unique<Segment>();
+    segment->base = reinterpret_cast<uintptr_t>(*memory);
+    segment->size = sizes[i];
+    segment->pool = pool;
+    segment->stream = stream;
+    Block* block = new Block;
+    block->ptr = segment->base;
+    block->size = sizes[i];
+    block->stream = stream;
+    block->pool = pool;
+    block->segment = segment.get();
+    segment->head = block;
+    segments_.emplace(segment->base, std::move(segment));
+    stats_.reserved_bytes.Increase(static_cast<int64_t>(sizes[i]));
+    stats_.segment_count.Increase(1);
+    ++stats_.num_segment_allocs;
+    return block;  // free, not in any free set; HandOutLocked takes it
+  }
+  return nullptr;
+}
+
+void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t requested) {
+  free_blocks_[static_cast<int>(block->pool)].erase(block);
+  const size_t remaining = block->size - rounded;
+  if (sizes_.ShouldSplit(block->pool, remaining)) {
+    // Note [Eager coalescing]: block->next is not free, so the remainder needs no merging.
+    Block* rest = new Block;
+    rest->ptr = block->ptr + rounded;
+    rest->size = remaining;
+    rest->stream = block->stream;
+    rest->pool = block->pool;
+    rest->segment = block->segment;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    block->size = rounded;
+    free_blocks_[static_cast<int>(rest->pool)].insert(rest);
+  }
+  block->allocated = true;
+  block->requested_size = requested;
+  allocated_blocks_[block->ptr] = block;
+  const auto size = static_cast<int64_t>(block->size);
+  stats_.allocated_bytes.Increase(size);
+  stats_.active_bytes.Increase(size);
+  stats_.requested_bytes.Increase(static_cast<int64_t>(requested));
+  stats_.allocation_count.Increase(1);
+  stats_.active_count.Increase(1);
+  ++stats_.num_allocs;
+  return reinterpret_cast<void*>(block->ptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Freeing
+// ---------------------------------------------------------------------------------------------
+
+absl::Status CachingAllocator::Free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Block* block = FindAllocatedLocked(ptr);
+  if (block == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CachingAllocator::Free: %p is not an allocated block (double free or foreign pointer)",
+        ptr));
+  }
+  // Note [Stream-ordered reuse]: one event per other stream that used the block.
+  std::vector<EventHandle> events;
+  events.reserve(block->stream_uses.size());
+  for (Stream use : block->stream_uses) {
+    absl::StatusOr<EventHandle> event = backend_->RecordEvent(use);
+    if (!event.ok()) {
+      for (EventHandle recorded : events) backend_->DestroyEvent(recorded);
+      return absl::Status(event.status().code(),
+                          absl::StrCat("CachingAllocator::Free: recording an event on ",
+                                       StreamName(use), " failed, block kept allocated: ",
+                                       event.status().message()));
+    }
+    events.push_back(*event);
+  }
+  allocated_blocks_.erase(block->ptr);
+  block->allocated = false;
+  stats_.allocated_bytes.Decrease(static_cast<int64_t>(block->size));
+  stats_.requested_bytes.Decrease(static_cast<int64_t>(block->requested_size));
+  stats_.allocation_count.Decrease(1);
+  block->requested_size = 0;
+  block->stream_uses.clear();
+  ++stats_.num_frees;
+  if (events.empty()) {
+    FreeBlockLocked(block);
+  } else {
+    block->pending_events = static_cast<int>(events.size());
+    for (EventHandle event : events) pending_events_.push_back(PendingEvent{event, block});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::RecordStream(void* ptr, Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Block* block = FindAllocatedLocked(ptr);
+  if (block == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CachingAllocator::RecordStream: %p is not an allocated block", ptr));
+  }
+  if (stream == block->stream) return absl::OkStatus();  // ordered by construction
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::FreeBlockLocked(Block* block) {
+  // The block just stopped being active (freed with no pending events, or its last event done).
+  stats_.active_bytes.Decrease(static_cast<int64_t>(block->size));
+  stats_.active_count.Decrease(1);
+  FreeSet& set = free_blocks_[static_cast<int>(block->pool)];
+  // Note [Eager coalescing].
+  if (Block* prev = block->prev; prev != nullptr && prev->is_free()) {
+    set.erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    delete block;
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->is_free()) {
+    set.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    delete next;
+  }
+  set.insert(block);
+}
+
+void CachingAllocator::ProcessEventsLocked() {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_events_.size(); ++i) {
+    PendingEvent pending = pending_events_[i];
+    if (!backend_->EventDone(pending.event)) {
+      pending_events_[kept++] = pending;
+      continue;
+    }
+    backend_->DestroyEvent(pending.event);
+    if (--pending.block->pending_events == 0) FreeBlockLocked(pending.block);
+  }
+  pending_events_.resize(kept);
+}
+
+void CachingAllocator::ReleaseSegmentLocked(Segment* segment) {
+  Block* block = segment->head;
+  free_blocks_[static_cast<int>(block->pool)].erase(block);
+  delete block;
+  backend_->Free(reinterpret_cast<void*>(segment->base), segment->size);
+  stats_.reserved_bytes.Decrease(static_cast<int64_t>(segment->size));
+  stats_.segment_count.Decrease(1);
+  ++stats_.num_segment_frees;
+  segments_.erase(segment->base);  // destroys *segment
+}
+
+size_t CachingAllocator::ReleaseCachedSegmentsLocked() {
+  std::vector<Segment*> releasable;
+  for (auto& [base, segment] : segments_) {
+    if (segment->head->is_free() && segment->head->next == nullptr) {
+      releasable.push_back(segment.get());
+    }
+  }
+  size_t released = 0;
+  for (Segment* segment : releasable) {
+    released += segment->size;
+    ReleaseSegmentLocked(segment);
+  }
+  return released;
+}
+
+void CachingAllocator::EmptyCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ProcessEventsLocked();
+  ReleaseCachedSegmentsLocked();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries
+// ---------------------------------------------------------------------------------------------
+
+CachingAllocator::Block* CachingAllocator::FindAllocatedLocked(void* ptr) const {
+  auto it = allocated_blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  return it == allocated_blocks_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<size_t> CachingAllocator::BlockSize(void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Block* block = FindAllocatedLocked(ptr);
+  if (block == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("%p is not an allocated block", ptr));
+  }
+  return block->size;
+}
+
+absl::StatusOr<size_t> CachingAllocator::CoalescedFreeSizeIfFreed(void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Block* block = FindAllocatedLocked(ptr);
+  if (block == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("%p is not an allocated block", ptr));
+  }
+  if (!block->stream_uses.empty()) return size_t{0};
+  size_t size = block->size;
+  if (block->prev != nullptr && block->prev->is_free()) size += block->prev->size;
+  if (block->next != nullptr && block->next->is_free()) size += block->next->size;
+  return size;
+}
+
+size_t CachingAllocator::ReleasableBytesLocked() const {
+  size_t bytes = 0;
+  for (const auto& [base, segment] : segments_) {
+    if (segment->head->is_free() && segment->head->next == nullptr) bytes += segment->size;
+  }
+  return bytes;
+}
+
+bool CachingAllocator::CanSatisfyLocked(size_t rounded, Pool pool, Stream stream,
+                                        size_t extra_releasable) const {
+  if (FindFreeBlockLocked(rounded, pool, stream) != nullptr) return true;
+  const size_t needed = config_.shrink_segment_to_fit_budget ? sizes_.MinimalSegmentSize(rounded)
+                                                             : sizes_.SegmentSize(rounded);
+  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
+  const size_t releasable = std::min(reserved, ReleasableBytesLocked() + extra_releasable);
+  return needed <= config_.budget_bytes && reserved - releasable <= config_.budget_bytes - needed;
+}
+
+bool CachingAllocator::CanSatisfy(const EvictionRequest& request) {
+  const size_t rounded =
+      sizes_.RoundSize(std::max(request.rounded_bytes, request.requested_bytes));
+  std::lock_guard<std::mutex> lock(mu_);
+  ProcessEventsLocked();
+  return CanSatisfyLocked(rounded, sizes_.PoolFor(rounded), request.stream, 0);
+}
+
+bool CachingAllocator::WouldSatisfyIfFreed(void* ptr, const EvictionRequest& request) {
+  const size_t rounded =
+      sizes_.RoundSize(std::max(request.rounded_bytes, request.requested_bytes));
+  const Pool pool = sizes_.PoolFor(rounded);
+  std::lock_guard<std::mutex> lock(mu_);
+  ProcessEventsLocked();
+  const Block* block = FindAllocatedLocked(ptr);
+  if (block == nullptr || !block->stream_uses.empty()) {
+    return CanSatisfyLocked(rounded, pool, request.stream, 0);
+  }
+  size_t coalesced = block->size;
+  if (block->prev != nullptr && block->prev->is_free()) coalesced += block->prev->size;
+  if (block->next != nullptr && block->next->is_free()) coalesced += block->next->size;
+  if (block->pool == pool && block->stream == request.stream && coalesced >= rounded) return true;
+  const size_t extra = coalesced == block->segment->size ? block->segment->size : 0;
+  return CanSatisfyLocked(rounded, pool, request.stream, extra);
+}
+
+EvictionRequest CachingAllocator::MakeRequestLocked(size_t requested, size_t rounded, Pool pool,
+                                                    Stream stream) const {
+  EvictionRequest request;
+  request.requested_bytes = requested;
+  request.rounded_bytes = rounded;
+  request.pool = pool;
+  request.stream = stream;
+  request.budget_bytes = config_.budget_bytes;
+  request.reserved_bytes = static_cast<size_t>(stats_.reserved_bytes.current);
+  request.allocated_bytes = static_cast<size_t>(stats_.allocated_bytes.current);
+  return request;
+}
+
+EvictionRequest CachingAllocator::MakeRequest(size_t bytes, Stream stream) const {
+  const size_t rounded = sizes_.RoundSize(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  return MakeRequestLocked(bytes, rounded, sizes_.PoolFor(rounded), stream);
+}
+
+size_t CachingAllocator::LargestFreeBlockLocked() const {
+  size_t largest = 0;
+  for (const FreeSet& set : free_blocks_) {
+    for (const Block* block : set) largest = std::max(largest, block->size);
+  }
+  return largest;
+}
+
+AllocatorStats CachingAllocator::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::ResetPeakStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.ResetPeaks();
+}
+
+MemorySnapshot CachingAllocator::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return SnapshotLocked();
+}
+
+MemorySnapshot CachingAllocator::SnapshotLocked() const {
+  MemorySnapshot snapshot;
+  snapshot.stats = stats_;
+  snapshot.segments.reserve(segments_.size());
+  for (const auto& [base, segment] : segments_) {
+    SegmentSnapshot& seg = snapshot.segments.emplace_back();
+    seg.address = segment->base;
+    seg.size = segment->size;
+    seg.pool = segment->pool;
+    seg.stream = segment->stream;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      BlockSnapshot& block = seg.blocks.emplace_back();
+      block.address = b->ptr;
+      block.size = b->size;
+      block.requested_size = b->requested_size;
+      block.state = b->allocated            ? BlockState::kAllocated
+                    : b->pending_events > 0 ? BlockState::kPendingEvents
+                                            : BlockState::kFree;
+    }
+  }
+  return snapshot;
+}
+
+absl::Status CachingAllocator::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto fail = [](auto&&... parts) {
+    return absl::FailedPreconditionError(absl::StrCat("CachingAllocator invariant: ", parts...));
+  };
+  // Note [Budget is a hard cap].
+  if (stats_.reserved_bytes.current < 0 ||
+      static_cast<size_t>(stats_.reserved_bytes.current) > config_.budget_bytes) {
+    return fail("reserved ", stats_.reserved_bytes.current, " exceeds budget ",
+                config_.budget_bytes);
+  }
+  std::unordered_map<const Block*, int> pending_entries;
+  for (const PendingEvent& pending : pending_events_) ++pending_entries[pending.block];
+
+  size_t free_blocks_seen[kNumPools] = {0, 0};
+  size_t allocated_seen = 0;
+  uintptr_t previous_end = 0;
+  for (const auto& [base, segment] : segments_) {
+    // Note [Segment tiling].
+    if (base != segment->base) return fail("segment map key mismatch at ", base);
+    if (segment->base < previous_end) return fail("segments overlap at ", base);
+    previous_end = segment->base + segment->size;
+    if (segment->head == nullptr || segment->head->prev != nullptr) {
+      return fail("segment ", base, " has a bad head block");
+    }
+    uintptr_t cursor = segment->base;
+    const Block* prev = nullptr;
+    for (const Block* b = segment->head; b != nullptr; prev = b, b = b->next) {
+      if (b->prev != prev) return fail("broken prev link at block ", b->ptr);
+      if (b->ptr != cursor) return fail("gap or overlap at block ", b->ptr, ", expected ", cursor);
+      if (b->size == 0 || b->size % config_.min_block_size != 0) {
+        return fail("block ", b->ptr, " has size ", b->size);
+      }
+      if (b->segment != segment.get() || b->pool != segment->pool ||
+          b->stream != segment->stream) {
+        return fail("block ", b->ptr, " disagrees with its segment");
+      }
+      cursor += b->size;
+      // Note [Eager coalescing].
+      if (prev != nullptr && prev->is_free() && b->is_free()) {
+        return fail("adjacent free blocks ", prev->ptr, " and ", b->ptr, " not coalesced");
+      }
+      // Note [Free set mirrors free blocks].
+      const FreeSet& set = free_blocks_[static_cast<int>(b->pool)];
+      const bool in_free_set = set.count(const_cast<Block*>(b)) == 1;
+      if (b->allocated) {
+        if (b->pending_events != 0) return fail("allocated block ", b->ptr, " has events");
+        auto it = allocated_blocks_.find(b->ptr);
+        if (it == allocated_blocks_.end() || it->second != b) {
+          return fail("allocated block ", b->ptr, " missing from allocated_blocks_");
+        }
+        ++allocated_seen;
+      } else if (!b->stream_uses.empty()) {
+        return fail("non-allocated block ", b->ptr, " keeps stream uses");
+      }
+      if (b->is_free() != in_free_set) {
+        return fail("block ", b->ptr, b->is_free() ? " is free but not" : " is not free but",
+                    " in the free set");
+      }
+      if (b->is_free()) ++free_blocks_seen[static_cast<int>(b->pool)];
+      auto pe = pending_entries.find(b);
+      const int entries = pe == pending_entries.end() ? 0 : pe->second;
+      if (entries != b->pending_events) {
+        return fail("block ", b->ptr, " counts ", b->pending_events, " events but ", entries,
+                    " are queued");
+      }
+    }
+    if (cursor != segment->base + segment->size) {
+      return fail("blocks of segment ", base, " do not end at its end");
+    }
+  }
+  for (int p = 0; p < kNumPools; ++p) {
+    if (free_blocks_[p].size() != free_blocks_seen[p]) {
+      return fail("free set of pool ", p, " holds ", free_blocks_[p].size(), " blocks, segments ",
+                  free_blocks_seen[p]);
+    }
+  }
+  if (allocated_blocks_.size() != allocated_seen) {
+    return fail("allocated_blocks_ holds ", allocated_blocks_.size(), " blocks, segments ",
+                allocated_seen);
+  }
+  // Note [Stats match snapshot].
+  const MemorySnapshot::Totals totals = SnapshotLocked().ComputeTotals();
+  auto check = [&](const char* name, int64_t stat, int64_t total) -> absl::Status {
+    if (stat != total) return fail("stat ", name, " = ", stat, " but blocks sum to ", total);
+    return absl::OkStatus();
+  };
+  for (absl::Status s :
+       {check("reserved_bytes", stats_.reserved_bytes.current, totals.reserved_bytes),
+        check("allocated_bytes", stats_.allocated_bytes.current, totals.allocated_bytes),
+        check("active_bytes", stats_.active_bytes.current, totals.active_bytes),
+        check("requested_bytes", stats_.requested_bytes.current, totals.requested_bytes),
+        check("segment_count", stats_.segment_count.current, totals.segments),
+        check("allocation_count", stats_.allocation_count.current, totals.allocated_blocks),
+        check("active_count", stats_.active_count.current, totals.active_blocks)}) {
+    if (!s.ok()) return s;
+  }
+  for (const Stat* s : {&stats_.allocated_bytes, &stats_.active_bytes, &stats_.reserved_bytes,
+                        &stats_.requested_bytes}) {
+    if (s->peak < s->current) return fail("a peak is below its current value");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtr::alloc

@@ -1,0 +1,168 @@
+// A device-agnostic caching allocator modelled on PyTorch's CUDACachingAllocator: segments come
+// from a DeviceMemoryBackend, are split into blocks and coalesced again on free; requests are
+// rounded and served best-fit from per-pool free sets ordered by (stream, size, address); blocks
+// used on other streams are reused only after those streams' events complete. Unlike PyTorch, the
+// budget is a hard cap on reserved bytes, and requests that do not fit climb a retry ladder that
+// includes asking an EvictionHandler (the DTR runtime) to free tensors:
+//   (1) cached free block  (2) grow within budget  (3) evict, retry 1-2
+//   (4) release cached free segments, retry 1-2    (5) ResourceExhausted with a full report.
+#ifndef DTR_ALLOCATOR_CACHING_ALLOCATOR_H_
+#define DTR_ALLOCATOR_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include <mutex>  // std::mutex: visible to ThreadSanitizer even with a prebuilt abseil
+#include "allocator/allocator_config.h"
+#include "allocator/allocator_stats.h"
+#include "allocator/device_memory_backend.h"
+#include "allocator/eviction_handler.h"
+#include "allocator/memory_snapshot.h"
+#include "allocator/size_classes.h"
+#include "allocator/stream.h"
+
+namespace dtr::alloc {
+
+class CachingAllocator {
+ public:
+  // `backend` is not owned and must outlive the allocator. Fails on an invalid config or a
+  // backend whose alignment is below min_block_size.
+  static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(const AllocatorConfig& config,
+                                                                  DeviceMemoryBackend* backend);
+  // Returns every segment to the backend. Blocks still allocated are released with their segment
+  // (the caller's pointers dangle); pending events are destroyed without waiting.
+  ~CachingAllocator();
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Allocates at least `bytes` (0 is served as one minimal block) for use on `stream`.
+  // ResourceExhausted when the retry ladder fails; the message states the request, budget,
+  // reserved, allocated, largest free block and pinned bytes.
+  absl::StatusOr<void*> Allocate(size_t bytes, Stream stream = Stream());
+  // Returns a block. InvalidArgument for a pointer that is not an allocated block (double free);
+  // the backend's error if recording a stream event fails (the block then stays allocated).
+  absl::Status Free(void* ptr);
+  // Marks `ptr` as used on `stream` (PyTorch recordStream): when freed, the block is reused only
+  // after the work queued on `stream` up to the free has completed.
+  absl::Status RecordStream(void* ptr, Stream stream);
+  // Releases every fully free segment to the backend (after polling pending events, never
+  // waiting on them).
+  void EmptyCache();
+
+  // Installs (or, with nullptr, removes) the handler used by rung 3. Not owned.
+  void SetEvictionHandler(EvictionHandler* handler);
+
+  // --- Queries for eviction policies (each takes the mutex; results may be stale by the time the
+  // caller acts when other threads run) ---
+  // Size of the allocated block at `ptr` (its rounded size).
+  absl::StatusOr<size_t> BlockSize(void* ptr) const;
+  // Size of the free block that freeing `ptr` would produce right now, merged with free
+  // neighbours in its segment; 0 if freeing would not produce a free block immediately (it has
+  // uses recorded on other streams). NotFound for a pointer that is not an allocated block.
+  absl::StatusOr<size_t> CoalescedFreeSizeIfFreed(void* ptr) const;
+  // Whether Allocate(request.rounded_bytes, request.stream) would succeed now without evicting:
+  // a cached block fits, or growth fits the budget once fully free segments are released.
+  // Backend capacity (a real device OOM) is not foreseen.
+  bool CanSatisfy(const EvictionRequest& request);
+  // Whether CanSatisfy(request) would hold after freeing the allocated block at `ptr`.
+  bool WouldSatisfyIfFreed(void* ptr, const EvictionRequest& request);
+  // Builds the EvictionRequest an Allocate(bytes, stream) would issue now.
+  EvictionRequest MakeRequest(size_t bytes, Stream stream) const;
+
+  // --- Introspection ---
+  AllocatorStats GetStats() const;
+  void ResetPeakStats();
+  MemorySnapshot Snapshot() const;
+  // Verifies every Note'd invariant; FailedPrecondition describing the first violation.
+  absl::Status CheckInvariants() const;
+  const AllocatorConfig& config() const { return config_; }
+  const SizeClasses& size_classes() const { return sizes_; }
+  DeviceMemoryBackend* backend() const { return backend_; }
+
+ private:
+  struct Segment;
+  struct Block {
+    uintptr_t ptr = 0;
+    size_t size = 0;
+    size_t requested_size = 0;
+    Stream stream;
+    Pool pool = Pool::kLarge;
+    Segment* segment = nullptr;
+    Block* prev = nullptr;  // neighbours within the segment, in address order
+    Block* next = nullptr;
+    bool allocated = false;
+    int pending_events = 0;
+    std::vector<Stream> stream_uses;  // streams other than `stream` recorded via RecordStream
+    bool is_free() const { return !allocated && pending_events == 0; }
+  };
+  struct Segment {
+    uintptr_t base = 0;
+    size_t size = 0;
+    Pool pool = Pool::kLarge;
+    Stream stream;
+    Block* head = nullptr;
+  };
+  // Free sets are ordered by (stream, size, address) as in PyTorch's BlockComparator.
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using FreeSet = std::set<Block*, BlockOrder>;
+  struct PendingEvent {
+    EventHandle event;
+    Block* block;
+  };
+  // Why rungs 1-2 failed, for the OOM report.
+  struct Attempt {
+    void* ptr = nullptr;
+    absl::Status backend_error;  // last backend failure, if any
+  };
+
+  CachingAllocator(const AllocatorConfig& config, DeviceMemoryBackend* backend);
+
+  Attempt TryAllocateLocked(size_t rounded, size_t requested, Pool pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* FindFreeBlockLocked(size_t rounded, Pool pool, Stream stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* GrowLocked(size_t rounded, Pool pool, Stream stream, absl::Status* backend_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void* HandOutLocked(Block* block, size_t rounded, size_t requested)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases all fully free segments; returns the bytes released.
+  size_t ReleaseCachedSegmentsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanSatisfyLocked(size_t rounded, Pool pool, Stream stream, size_t extra_releasable) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t LargestFreeBlockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* FindAllocatedLocked(void* ptr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemorySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  EvictionRequest MakeRequestLocked(size_t requested, size_t rounded, Pool pool,
+                                    Stream stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const AllocatorConfig config_;
+  const SizeClasses sizes_;
+  DeviceMemoryBackend* const backend_;
+
+  mutable std::mutex mu_;
+  EvictionHandler* handler_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<uintptr_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  FreeSet free_blocks_[kNumPools] ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uintptr_t, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dtr::alloc
+
+#endif  // DTR_ALLOCATOR_CACHING_ALLOCATOR_H_

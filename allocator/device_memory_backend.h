@@ -1,0 +1,43 @@
+// The narrow interface between the caching allocator and whatever really owns device memory and
+// streams (CUDA, host RAM, or a simulation for tests). The allocator calls it with its own mutex
+// held, so implementations must not call back into the allocator.
+#ifndef DTR_ALLOCATOR_DEVICE_MEMORY_BACKEND_H_
+#define DTR_ALLOCATOR_DEVICE_MEMORY_BACKEND_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "allocator/stream.h"
+
+namespace dtr::alloc {
+
+class DeviceMemoryBackend {
+ public:
+  virtual ~DeviceMemoryBackend() = default;
+
+  // Short name for messages ("cuda:0", "host", "fake").
+  virtual std::string Name() const = 0;
+
+  // Obtains `bytes` of memory aligned to at least `MinAlignment()`. Returns ResourceExhausted when
+  // the device is out of memory (the allocator then frees its cache and retries) and any other
+  // error for unexpected failures.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  // Returns memory obtained from Allocate with the same size. Must not fail.
+  virtual void Free(void* ptr, size_t bytes) = 0;
+  // Alignment guaranteed by Allocate; the allocator needs at least its min_block_size.
+  virtual size_t MinAlignment() const = 0;
+
+  // Records an event on `stream` capturing all work queued on it so far (cudaEventRecord).
+  virtual absl::StatusOr<EventHandle> RecordEvent(Stream stream) = 0;
+  // Non-blocking completion query (cudaEventQuery). Must never synchronize. Should an
+  // implementation hit an error it cannot report it returns false: memory guarded by an event in
+  // an unknown state is never reused.
+  virtual bool EventDone(EventHandle event) = 0;
+  // Releases an event returned by RecordEvent (after EventDone returned true, or on rollback).
+  virtual void DestroyEvent(EventHandle event) = 0;
+};
+
+}  // namespace dtr::alloc
+
+#endif  // DTR_ALLOCATOR_DEVICE_MEMORY_BACKEND_H_

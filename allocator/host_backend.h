@@ -1,0 +1,39 @@
+// A DeviceMemoryBackend over host RAM: real, aligned memory from the C library; streams are
+// trivially complete, so events are done as soon as they are recorded. Used for CPU runs of the
+// runtime, the multi-threaded stress test and the benchmark.
+#ifndef DTR_ALLOCATOR_HOST_BACKEND_H_
+#define DTR_ALLOCATOR_HOST_BACKEND_H_
+
+#include <atomic>
+#include <cstddef>
+#include <string>
+
+#include "allocator/device_memory_backend.h"
+
+namespace dtr::alloc {
+
+class HostBackend : public DeviceMemoryBackend {
+ public:
+  // `alignment` must be a power of two >= sizeof(void*).
+  explicit HostBackend(size_t alignment = 4096) : alignment_(alignment) {}
+
+  std::string Name() const override { return "host"; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* ptr, size_t bytes) override;
+  size_t MinAlignment() const override { return alignment_; }
+  absl::StatusOr<EventHandle> RecordEvent(Stream stream) override;
+  bool EventDone(EventHandle event) override { return true; }
+  void DestroyEvent(EventHandle event) override {}
+
+  // Bytes currently obtained from the C library.
+  size_t live_bytes() const { return live_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  const size_t alignment_;
+  std::atomic<size_t> live_bytes_{0};
+  std::atomic<uint64_t> next_event_{1};
+};
+
+}  // namespace dtr::alloc
+
+#endif  // DTR_ALLOCATOR_HOST_BACKEND_H_

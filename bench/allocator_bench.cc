@@ -1,0 +1,276 @@
+// Google Benchmarks for the caching allocator: allocate/free round trips replaying a fixed-seed
+// trace of realistic tensor sizes (512 B .. 64 MiB) and lifetimes, on the host backend versus
+// glibc malloc/free in the same run (ratio printed at the end), the fragmentation figure
+// (peak reserved / peak allocated) of that trace, and bytes evicted beyond the request by the two
+// eviction strategies on a fragmented heap.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <queue>
+#include <random>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/eviction_strategy.h"
+#include "allocator/fake_backend.h"
+#include "allocator/host_backend.h"
+
+namespace dtr::alloc {
+namespace {
+
+constexpr size_t kKiB = size_t{1} << 10;
+constexpr size_t kMiB = size_t{1} << 20;
+
+struct TraceOp {
+  bool allocate;
+  uint32_t id;
+  size_t size;
+};
+
+// A training-step-like trace: mostly short-lived activations and temporaries, some long-lived
+// parameters/optimizer state, sizes log-uniform within buckets weighted towards small tensors.
+std::vector<TraceOp> MakeTrace(uint64_t seed, int allocations) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  auto log_uniform = [&](double lo, double hi) {
+    return static_cast<size_t>(std::exp(std::log(lo) + unit(rng) * (std::log(hi) - std::log(lo))));
+  };
+  std::vector<TraceOp> trace;
+  using Death = std::pair<int, uint32_t>;  // (death step, id)
+  std::priority_queue<Death, std::vector<Death>, std::greater<Death>> deaths;
+  std::vector<size_t> sizes;
+  for (int step = 0; step < allocations; ++step) {
+    while (!deaths.empty() && deaths.top().first <= step) {
+      trace.push_back({false, deaths.top().second, sizes[deaths.top().second]});
+      deaths.pop();
+    }
+    const double bucket = unit(rng);
+    size_t size;
+    if (bucket < 0.50) {
+      size = log_uniform(512, 64 * kKiB);
+    } else if (bucket < 0.85) {
+      size = log_uniform(64 * kKiB, 4 * kMiB);
+    } else if (bucket < 0.98) {
+      size = log_uniform(4 * kMiB, 32 * kMiB);
+    } else {
+      size = log_uniform(32 * kMiB, 64 * kMiB);
+    }
+    const bool long_lived = unit(rng) < 0.05;
+    const int lifetime = long_lived ? 500 + int(rng() % 2000)
+                                    : 1 + int(-std::log(1.0 - unit(rng)) * 12.0);
+    const auto id = static_cast<uint32_t>(sizes.size());
+    sizes.push_back(size);
+    trace.push_back({true, id, size});
+    deaths.push({step + lifetime, id});
+  }
+  while (!deaths.empty()) {
+    trace.push_back({false, deaths.top().second, sizes[deaths.top().second]});
+    deaths.pop();
+  }
+  return trace;
+}
+
+const std::vector<TraceOp>& Trace() {
+  static const std::vector<TraceOp>* trace = new std::vector<TraceOp>(MakeTrace(42, 20000));
+  return *trace;
+}
+
+size_t NumIds() {
+  size_t ids = 0;
+  for (const TraceOp& op : Trace()) ids = std::max<size_t>(ids, op.id + 1);
+  return ids;
+}
+
+void ReplayCaching(CachingAllocator& allocator, std::vector<void*>& slots) {
+  for (const TraceOp& op : Trace()) {
+    if (op.allocate) {
+      absl::StatusOr<void*> p = allocator.Allocate(op.size);
+      if (!p.ok()) std::abort();
+      slots[op.id] = *p;
+    } else if (!allocator.Free(slots[op.id]).ok()) {
+      std::abort();
+    }
+  }
+}
+
+void ReplayMalloc(std::vector<void*>& slots) {
+  for (const TraceOp& op : Trace()) {
+    if (op.allocate) {
+      slots[op.id] = std::malloc(op.size);
+      benchmark::DoNotOptimize(slots[op.id]);
+    } else {
+      std::free(slots[op.id]);
+    }
+  }
+}
+
+std::unique_ptr<CachingAllocator> MakeHostAllocator(HostBackend& backend) {
+  return std::move(*CachingAllocator::Create(AllocatorConfig{}, &backend));
+}
+
+void BM_RoundTrip_CachingAllocatorHost(benchmark::State& state) {
+  HostBackend backend;
+  auto allocator = MakeHostAllocator(backend);
+  std::vector<void*> slots(NumIds());
+  ReplayCaching(*allocator, slots);  // warm the cache: steady state of a training loop
+  for (auto _ : state) ReplayCaching(*allocator, slots);
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(Trace().size()));
+  state.counters["ns_per_op"] = benchmark::Counter(
+      double(state.iterations()) * double(Trace().size()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_RoundTrip_CachingAllocatorHost)->Unit(benchmark::kMillisecond);
+
+void BM_RoundTrip_GlibcMalloc(benchmark::State& state) {
+  std::vector<void*> slots(NumIds());
+  ReplayMalloc(slots);
+  for (auto _ : state) ReplayMalloc(slots);
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(Trace().size()));
+  state.counters["ns_per_op"] = benchmark::Counter(
+      double(state.iterations()) * double(Trace().size()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_RoundTrip_GlibcMalloc)->Unit(benchmark::kMillisecond);
+
+// Side-by-side timing in one process, alternating, for the printed ratio.
+void PrintRoundTripRatio() {
+  HostBackend backend;
+  auto allocator = MakeHostAllocator(backend);
+  std::vector<void*> slots(NumIds());
+  ReplayCaching(*allocator, slots);
+  ReplayMalloc(slots);
+  double caching_s = 0, malloc_s = 0;
+  using Clock = std::chrono::steady_clock;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    ReplayCaching(*allocator, slots);
+    auto t1 = Clock::now();
+    ReplayMalloc(slots);
+    auto t2 = Clock::now();
+    caching_s += std::chrono::duration<double>(t1 - t0).count();
+    malloc_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double ops = 5.0 * double(Trace().size());
+  std::printf("round trip (%zu ops/replay): caching allocator (host) %.1f ns/op, glibc malloc/free "
+              "%.1f ns/op, ratio caching/malloc = %.2f\n",
+              Trace().size(), caching_s / ops * 1e9, malloc_s / ops * 1e9, caching_s / malloc_s);
+}
+
+void PrintFragmentation() {
+  FakeBackend backend;
+  auto allocator = std::move(*CachingAllocator::Create(AllocatorConfig{}, &backend));
+  std::vector<void*> slots(NumIds());
+  ReplayCaching(*allocator, slots);
+  const AllocatorStats stats = allocator->GetStats();
+  std::printf("fragmentation on the replayed trace: peak reserved %.1f MiB / peak allocated %.1f "
+              "MiB = %.3f (peak requested %.1f MiB, rounding overhead %.3f)\n",
+              stats.reserved_bytes.peak / double(kMiB), stats.allocated_bytes.peak / double(kMiB),
+              double(stats.reserved_bytes.peak) / double(stats.allocated_bytes.peak),
+              stats.requested_bytes.peak / double(kMiB),
+              double(stats.allocated_bytes.peak) / double(stats.requested_bytes.peak));
+}
+
+// Same scenario as tests/allocator/eviction_strategy_test.cc: a 400 MiB budget filled with
+// 1-4.5 MiB blocks, 40% freed at random, then 6 MiB requests with randomly scored victims.
+struct EvictionFigures {
+  size_t requests = 0, requested = 0, evicted = 0, beyond = 0, blocks = 0;
+};
+
+EvictionFigures MeasureEviction(std::unique_ptr<EvictionStrategy> strategy, uint64_t seed) {
+  FakeBackend backend;
+  AllocatorConfig config;
+  config.budget_bytes = 400 * kMiB;
+  config.shrink_segment_to_fit_budget = false;
+  auto allocator = std::move(*CachingAllocator::Create(config, &backend));
+  std::mt19937_64 rng(seed);
+  std::map<void*, double> scores;
+  std::vector<void*> blocks;
+  while (true) {
+    absl::StatusOr<void*> p = allocator->Allocate((1 + rng() % 8) * kMiB / 2 + kMiB / 2);
+    if (!p.ok()) break;
+    blocks.push_back(*p);
+  }
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i < blocks.size() * 2 / 5) {
+      (void)allocator->Free(blocks[i]);
+    } else {
+      scores[blocks[i]] = double(rng() % 1000000);
+    }
+  }
+  size_t evicted_blocks = 0;
+  CandidateEvictionHandler::Callbacks callbacks;
+  callbacks.list_candidates = [&](const EvictionRequest&) {
+    std::vector<EvictionCandidate> candidates;
+    for (const auto& [ptr, score] : scores) candidates.push_back({ptr, score});
+    return candidates;
+  };
+  callbacks.evict = [&](const EvictionCandidate& c) {
+    if (scores.erase(c.ptr) == 0) return false;
+    ++evicted_blocks;
+    return allocator->Free(c.ptr).ok();
+  };
+  CandidateEvictionHandler handler(allocator.get(), std::move(strategy), callbacks);
+  allocator->SetEvictionHandler(&handler);
+  EvictionFigures f;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t before = allocator->GetStats().eviction_bytes_freed;
+    const size_t blocks_before = evicted_blocks;
+    if (!allocator->Allocate(6 * kMiB).ok()) std::abort();
+    const size_t freed = size_t(allocator->GetStats().eviction_bytes_freed - before);
+    if (freed == 0) continue;
+    ++f.requests;
+    f.requested += 6 * kMiB;
+    f.evicted += freed;
+    f.beyond += freed > 6 * kMiB ? freed - 6 * kMiB : 0;
+    f.blocks += evicted_blocks - blocks_before;
+  }
+  return f;
+}
+
+void PrintEvictionComparison() {
+  for (int which = 0; which < 2; ++which) {
+    EvictionFigures total;
+    std::string name;
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      std::unique_ptr<EvictionStrategy> strategy;
+      if (which == 0) {
+        strategy = std::make_unique<ScoreOrderEvictionStrategy>();
+      } else {
+        strategy = std::make_unique<FragmentationAwareEvictionStrategy>();
+      }
+      name = strategy->Name();
+      EvictionFigures f = MeasureEviction(std::move(strategy), seed);
+      total.requests += f.requests;
+      total.requested += f.requested;
+      total.evicted += f.evicted;
+      total.beyond += f.beyond;
+      total.blocks += f.blocks;
+    }
+    std::printf("eviction %-20s %zu requests needing eviction, requested %.1f MiB, evicted %.1f "
+                "MiB (%.2fx) in %zu blocks, evicted beyond request %.1f MiB (%.2f MiB/request)\n",
+                name.c_str(), total.requests, total.requested / double(kMiB),
+                total.evicted / double(kMiB), double(total.evicted) / double(total.requested),
+                total.blocks, total.beyond / double(kMiB),
+                total.beyond / double(kMiB) / double(std::max<size_t>(total.requests, 1)));
+  }
+}
+
+}  // namespace
+}  // namespace dtr::alloc
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  dtr::alloc::PrintRoundTripRatio();
+  dtr::alloc::PrintFragmentation();
+  dtr::alloc::PrintEvictionComparison();
+  return 0;
+}

@@ -1,0 +1,566 @@
+// Unit tests for CachingAllocator on the fake backend: rounding, pools, split/coalesce, best fit,
+// stream-ordered reuse, EmptyCache, each rung of the retry ladder, the OOM report, stats and
+// fault injection.
+#include "allocator/caching_allocator.h"
+
+#include <functional>
+#include <vector>
+
+#include "allocator/fake_backend.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/allocator/test_util.h"
+
+namespace dtr::alloc {
+namespace {
+
+using ::dtr::alloc::testing::Addr;
+using ::dtr::alloc::testing::BudgetConfig;
+using ::dtr::alloc::testing::kKiB;
+using ::dtr::alloc::testing::kMiB;
+using ::dtr::alloc::testing::MakeAllocator;
+using ::testing::HasSubstr;
+
+// States of the blocks of segment `i` of the snapshot.
+std::vector<std::pair<size_t, BlockState>> Blocks(const CachingAllocator& allocator, size_t i) {
+  MemorySnapshot snapshot = allocator.Snapshot();
+  std::vector<std::pair<size_t, BlockState>> blocks;
+  if (i >= snapshot.segments.size()) return blocks;
+  for (const BlockSnapshot& b : snapshot.segments[i].blocks) blocks.emplace_back(b.size, b.state);
+  return blocks;
+}
+
+constexpr BlockState kA = BlockState::kAllocated;
+constexpr BlockState kF = BlockState::kFree;
+constexpr BlockState kP = BlockState::kPendingEvents;
+
+// An EvictionHandler driven by a lambda, recording its requests.
+class LambdaHandler : public EvictionHandler {
+ public:
+  explicit LambdaHandler(std::function<EvictionResult(const EvictionRequest&)> fn,
+                         size_t pinned = 0)
+      : fn_(std::move(fn)), pinned_(pinned) {}
+  EvictionResult MakeRoom(const EvictionRequest& request) override {
+    requests.push_back(request);
+    return fn_(request);
+  }
+  size_t PinnedBytes() const override { return pinned_; }
+  std::vector<EvictionRequest> requests;
+
+ private:
+  std::function<EvictionResult(const EvictionRequest&)> fn_;
+  size_t pinned_;
+};
+
+TEST(CachingAllocatorTest, CreateRejectsBadConfigAndBackend) {
+  FakeBackend backend;
+  AllocatorConfig bad;
+  bad.min_block_size = 300;
+  EXPECT_FALSE(CachingAllocator::Create(bad, &backend).ok());
+  EXPECT_FALSE(CachingAllocator::Create(AllocatorConfig{}, nullptr).ok());
+  FakeBackend coarse(SIZE_MAX, /*alignment=*/256);
+  EXPECT_FALSE(CachingAllocator::Create(AllocatorConfig{}, &coarse).ok());
+}
+
+TEST(CachingAllocatorTest, SmallRequestsAreRoundedAndShareASmallSegment) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(1);
+  void* b = *allocator->Allocate(1000);
+  void* c = *allocator->Allocate(0);
+  EXPECT_EQ(Addr(b), Addr(a) + 512);
+  EXPECT_EQ(Addr(c), Addr(b) + 1024);
+  EXPECT_EQ(*allocator->BlockSize(a), 512u);
+  EXPECT_EQ(*allocator->BlockSize(b), 1024u);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(2 * kMiB));
+  EXPECT_EQ(stats.allocated_bytes.current, 2048);
+  EXPECT_EQ(stats.requested_bytes.current, 1001);
+  EXPECT_EQ(stats.segment_count.current, 1);
+  EXPECT_EQ(backend.counters().allocate_calls, 1);
+  MemorySnapshot snapshot = allocator->Snapshot();
+  ASSERT_EQ(snapshot.segments.size(), 1u);
+  EXPECT_EQ(snapshot.segments[0].pool, Pool::kSmall);
+  EXPECT_EQ(Blocks(*allocator, 0),
+            (std::vector<std::pair<size_t, BlockState>>{
+                {512, kA}, {1024, kA}, {512, kA}, {2 * kMiB - 2048, kF}}));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, LargeRequestsUseTwentyMiBSegmentsOrRoundToTwoMiB) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(3 * kMiB);
+  void* b = *allocator->Allocate(3 * kMiB);
+  EXPECT_EQ(Addr(b), Addr(a) + 3 * kMiB);  // same 20 MiB segment
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(20 * kMiB));
+  void* big = *allocator->Allocate(15 * kMiB);  // > 14 MiB tail: own 16 MiB segment
+  EXPECT_EQ(*allocator->BlockSize(big), 16 * kMiB);  // 1 MiB rest is not split off
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(36 * kMiB));
+  void* mid = *allocator->Allocate(11 * kMiB);  // >= 10 MiB but fits the cached 14 MiB tail
+  EXPECT_EQ(Addr(mid), Addr(a) + 6 * kMiB);
+  EXPECT_EQ(*allocator->BlockSize(mid), 11 * kMiB);  // 3 MiB rest split off
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(36 * kMiB));
+  EXPECT_EQ(allocator->GetStats().requested_bytes.current, int64_t(32 * kMiB));
+  EXPECT_EQ(backend.counters().allocate_calls, 2);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, SmallAndLargePoolsDoNotShareBlocks) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* large = *allocator->Allocate(2 * kMiB);
+  DTR_ASSERT_OK(allocator->Free(large));
+  void* small = *allocator->Allocate(4 * kKiB);  // 20 MiB free in the large pool, unused
+  EXPECT_EQ(allocator->GetStats().segment_count.current, 2);
+  EXPECT_EQ(allocator->Snapshot().segments[1].pool, Pool::kSmall);
+  void* large2 = *allocator->Allocate(2 * kMiB);  // reuses the large segment
+  EXPECT_EQ(large2, large);
+  EXPECT_NE(small, nullptr);
+  EXPECT_EQ(backend.counters().allocate_calls, 2);
+}
+
+TEST(CachingAllocatorTest, FreeCoalescesWithBothNeighbours) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(256 * kKiB);
+  void* b = *allocator->Allocate(256 * kKiB);
+  void* c = *allocator->Allocate(256 * kKiB);
+  const size_t tail = 2 * kMiB - 768 * kKiB;
+  DTR_ASSERT_OK(allocator->Free(b));
+  EXPECT_EQ(Blocks(*allocator, 0), (std::vector<std::pair<size_t, BlockState>>{
+                                       {256 * kKiB, kA}, {256 * kKiB, kF}, {256 * kKiB, kA},
+                                       {tail, kF}}));
+  EXPECT_EQ(*allocator->CoalescedFreeSizeIfFreed(a), 512 * kKiB);
+  EXPECT_EQ(*allocator->CoalescedFreeSizeIfFreed(c), 512 * kKiB + tail);
+  DTR_ASSERT_OK(allocator->Free(a));
+  EXPECT_EQ(Blocks(*allocator, 0), (std::vector<std::pair<size_t, BlockState>>{
+                                       {512 * kKiB, kF}, {256 * kKiB, kA}, {tail, kF}}));
+  EXPECT_EQ(*allocator->CoalescedFreeSizeIfFreed(c), 2 * kMiB);
+  DTR_ASSERT_OK(allocator->Free(c));
+  EXPECT_EQ(Blocks(*allocator, 0),
+            (std::vector<std::pair<size_t, BlockState>>{{2 * kMiB, kF}}));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, BestFitPicksTheSmallestSufficientBlock) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  std::vector<void*> p;
+  for (size_t size : {64 * kKiB, 4 * kKiB, 32 * kKiB, 4 * kKiB, 48 * kKiB, 4 * kKiB}) {
+    p.push_back(*allocator->Allocate(size));
+  }
+  DTR_ASSERT_OK(allocator->Free(p[0]));  // 64 KiB hole
+  DTR_ASSERT_OK(allocator->Free(p[2]));  // 32 KiB hole
+  DTR_ASSERT_OK(allocator->Free(p[4]));  // 48 KiB hole
+  const int64_t hits_before = allocator->GetStats().num_cache_hits;
+  EXPECT_EQ(*allocator->Allocate(40 * kKiB), p[4]);
+  EXPECT_EQ(*allocator->Allocate(20 * kKiB), p[2]);
+  // The 32 KiB hole was split: its 12 KiB remainder serves a 10 KiB request.
+  EXPECT_EQ(Addr(*allocator->Allocate(10 * kKiB)), Addr(p[2]) + 20 * kKiB);
+  EXPECT_EQ(allocator->GetStats().num_cache_hits - hits_before, 3);
+  EXPECT_EQ(backend.counters().allocate_calls, 1);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, FreeRejectsUnknownAndDoubleFree) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(1000);
+  DTR_ASSERT_OK(allocator->Free(a));
+  EXPECT_EQ(allocator->Free(a).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(allocator->Free(reinterpret_cast<void*>(0x1234)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(allocator->RecordStream(a, Stream{1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(allocator->CoalescedFreeSizeIfFreed(a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(allocator->GetStats().num_frees, 1);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, BlocksAreReusedOnlyByTheirStream) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(4 * kKiB, Stream{1});
+  DTR_ASSERT_OK(allocator->Free(a));
+  void* b = *allocator->Allocate(4 * kKiB, Stream{2});
+  EXPECT_NE(b, a);
+  EXPECT_EQ(allocator->GetStats().segment_count.current, 2);
+  EXPECT_EQ(*allocator->Allocate(4 * kKiB, Stream{1}), a);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, RecordStreamDelaysReuseUntilEventsComplete) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(4 * kKiB, Stream{0});
+  void* keep = *allocator->Allocate(4 * kKiB, Stream{0});
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{5}));
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{6}));
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{5}));  // deduplicated
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{0}));  // own stream: no event needed
+  EXPECT_EQ(*allocator->CoalescedFreeSizeIfFreed(a), 0u);  // would not be reusable at once
+  DTR_ASSERT_OK(allocator->Free(a));
+  EXPECT_EQ(backend.counters().events_recorded, 2);
+  EXPECT_EQ(Blocks(*allocator, 0)[0], std::make_pair(4 * kKiB, kP));
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.allocated_bytes.current, int64_t(4 * kKiB));
+  EXPECT_EQ(stats.active_bytes.current, int64_t(8 * kKiB));
+  DTR_ASSERT_OK(allocator->CheckInvariants());
+
+  void* b = *allocator->Allocate(4 * kKiB, Stream{0});
+  EXPECT_NE(b, a);  // pending block is not reused
+  backend.CompleteEvents(Stream{5});
+  void* c = *allocator->Allocate(4 * kKiB, Stream{0});
+  EXPECT_NE(c, a);  // stream 6 still pending
+  EXPECT_EQ(Blocks(*allocator, 0)[0].second, kP);
+  backend.CompleteEvents(Stream{6});
+  EXPECT_EQ(*allocator->Allocate(4 * kKiB, Stream{0}), a);
+  EXPECT_EQ(backend.counters().live_events, 0);
+  EXPECT_NE(keep, nullptr);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, FreeKeepsTheBlockWhenRecordingAnEventFails) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(4 * kKiB);
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{3}));
+  backend.set_fail_record_event(true);
+  EXPECT_EQ(allocator->Free(a).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(allocator->GetStats().allocated_bytes.current, int64_t(4 * kKiB));
+  DTR_ASSERT_OK(allocator->CheckInvariants());
+  backend.set_fail_record_event(false);
+  DTR_ASSERT_OK(allocator->Free(a));
+  EXPECT_EQ(Blocks(*allocator, 0)[0].second, kP);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, EmptyCacheReleasesOnlyFullyFreeSegments) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(3 * kMiB);       // large segment 1
+  void* b = *allocator->Allocate(18 * kMiB);      // large segment 2 (own: > 17 MiB tail)
+  void* c = *allocator->Allocate(4 * kKiB);       // small segment
+  DTR_ASSERT_OK(allocator->RecordStream(c, Stream{9}));
+  DTR_ASSERT_OK(allocator->Free(b));
+  DTR_ASSERT_OK(allocator->Free(c));  // pending on stream 9
+  allocator->EmptyCache();
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.segment_count.current, 2);  // a's segment is in use, c's is pending
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(22 * kMiB));
+  EXPECT_EQ(backend.counters().live_bytes, 22 * kMiB);
+  backend.CompleteAllEvents();
+  allocator->EmptyCache();
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(20 * kMiB));
+  DTR_ASSERT_OK(allocator->Free(a));
+  allocator->EmptyCache();
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.reserved_bytes.current, 0);
+  EXPECT_EQ(stats.num_segment_frees, 3);
+  EXPECT_EQ(stats.reserved_bytes.peak, int64_t(40 * kMiB));
+  EXPECT_EQ(backend.counters().live_bytes, 0u);
+  EXPECT_EQ(backend.counters().bad_frees, 0);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(CachingAllocatorTest, PeakStatsResetToCurrent) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(3 * kMiB);
+  void* b = *allocator->Allocate(5 * kMiB);
+  DTR_ASSERT_OK(allocator->Free(b));
+  EXPECT_EQ(allocator->GetStats().allocated_bytes.peak, int64_t(8 * kMiB));
+  allocator->ResetPeakStats();
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.allocated_bytes.peak, int64_t(3 * kMiB));
+  EXPECT_EQ(stats.allocation_count.peak, 1);
+  EXPECT_EQ(stats.num_allocs, 2);
+  EXPECT_EQ(stats.allocated_bytes.allocated, int64_t(8 * kMiB));
+  EXPECT_EQ(stats.allocated_bytes.freed, int64_t(5 * kMiB));
+  EXPECT_NE(a, nullptr);
+}
+
+// --- The retry ladder, rung by rung ---
+
+TEST(RetryLadderTest, Rung1ServesFromCacheWithoutTheBackend) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(BudgetConfig(20 * kMiB), &backend);
+  void* a = *allocator->Allocate(5 * kMiB);
+  DTR_ASSERT_OK(allocator->Free(a));
+  EXPECT_EQ(*allocator->Allocate(4 * kMiB), a);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_cache_hits, 1);
+  EXPECT_EQ(stats.num_segment_allocs, 1);
+  EXPECT_EQ(stats.num_alloc_retries, 0);
+  EXPECT_EQ(backend.counters().allocate_calls, 1);
+}
+
+TEST(RetryLadderTest, Rung2GrowsOnlyWithinTheBudget) {
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(24 * kMiB);
+  config.shrink_segment_to_fit_budget = false;
+  auto allocator = MakeAllocator(config, &backend);
+  ASSERT_TRUE(allocator->Allocate(3 * kMiB).ok());  // 20 MiB segment
+  ASSERT_TRUE(allocator->Allocate(4 * kKiB).ok());  // 2 MiB small segment: 22 MiB
+  absl::StatusOr<void*> over = allocator->Allocate(18 * kMiB);  // 18 MiB segment: over budget
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(backend.counters().allocate_calls, 2);  // the backend was never asked
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.peak, int64_t(22 * kMiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(RetryLadderTest, Rung2ShrinksTheSegmentToFitTheBudget) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(BudgetConfig(10 * kMiB), &backend);
+  void* a = *allocator->Allocate(3 * kMiB + 100);  // 20 MiB would not fit: 4 MiB segment
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(4 * kMiB));
+  EXPECT_EQ(*allocator->BlockSize(a), 4 * kMiB);  // 512 KiB rest is not split in the large pool
+  EXPECT_TRUE(allocator->Allocate(5 * kMiB).ok());  // 6 MiB segment, exactly at the budget
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(10 * kMiB));
+  EXPECT_FALSE(allocator->Allocate(512).ok());
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(RetryLadderTest, Rung3AsksTheHandlerThenRetries) {
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(20 * kMiB);
+  auto allocator = MakeAllocator(config, &backend);
+  void* victim = *allocator->Allocate(6 * kMiB);
+  void* keep = *allocator->Allocate(12 * kMiB);
+  LambdaHandler handler([&](const EvictionRequest&) {
+    EXPECT_TRUE(allocator->Free(victim).ok());  // re-entrant: the allocator lock is not held
+    EvictionResult result;
+    result.bytes_freed = 6 * kMiB;
+    result.blocks_freed = 1;
+    return result;
+  });
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = allocator->Allocate(5 * kMiB, Stream{0});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, victim);
+  ASSERT_EQ(handler.requests.size(), 1u);
+  const EvictionRequest& request = handler.requests[0];
+  EXPECT_EQ(request.requested_bytes, 5 * kMiB);
+  EXPECT_EQ(request.rounded_bytes, 5 * kMiB);
+  EXPECT_EQ(request.pool, Pool::kLarge);
+  EXPECT_EQ(request.budget_bytes, 20 * kMiB);
+  EXPECT_EQ(request.reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(request.allocated_bytes, 18 * kMiB);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_alloc_retries, 1);
+  EXPECT_EQ(stats.num_eviction_calls, 1);
+  EXPECT_EQ(stats.eviction_bytes_requested, int64_t(5 * kMiB));
+  EXPECT_EQ(stats.eviction_bytes_freed, int64_t(6 * kMiB));
+  EXPECT_EQ(stats.num_cache_flushes, 0);
+  EXPECT_NE(keep, nullptr);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(4 * kMiB);
+  config.enable_eviction = false;
+  auto allocator = MakeAllocator(config, &backend);
+  LambdaHandler handler([](const EvictionRequest&) { return EvictionResult{}; });
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = allocator->Allocate(5 * kMiB);
+  EXPECT_FALSE(p.ok());
+  EXPECT_TRUE(handler.requests.empty());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("eviction disabled"));
+}
+
+TEST(RetryLadderTest, Rung4ReleasesCachedSegmentsAfterEviction) {
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(21 * kMiB);
+  config.shrink_segment_to_fit_budget = false;
+  auto allocator = MakeAllocator(config, &backend);
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(4 * kKiB)));  // cached 2 MiB small segment
+  std::vector<std::string> order;
+  LambdaHandler handler([&](const EvictionRequest&) {
+    order.push_back("evict");
+    EXPECT_EQ(allocator->GetStats().segment_count.current, 1);  // cache not yet released
+    return EvictionResult{};
+  });
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = allocator->Allocate(3 * kMiB);  // needs a 20 MiB segment
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(order, std::vector<std::string>{"evict"});
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_eviction_calls, 1);
+  EXPECT_EQ(stats.num_cache_flushes, 1);
+  EXPECT_EQ(stats.num_segment_frees, 1);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(20 * kMiB));
+  EXPECT_EQ(stats.reserved_bytes.peak, int64_t(20 * kMiB));  // never 22 MiB
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(RetryLadderTest, Rung5ReportsEverythingInTheOutOfMemoryMessage) {
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(24 * kMiB);
+  config.shrink_segment_to_fit_budget = false;
+  auto allocator = MakeAllocator(config, &backend);
+  void* a = *allocator->Allocate(3 * kMiB);
+  void* b = *allocator->Allocate(9 * kMiB);
+  (void)b;
+  DTR_ASSERT_OK(allocator->Free(a));  // 3 MiB hole + 8 MiB tail free in the segment
+  LambdaHandler handler(
+      [](const EvictionRequest&) {
+        EvictionResult r;
+        r.pinned_bytes = 9 * kMiB;
+        return r;
+      },
+      /*pinned=*/1);
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = allocator->Allocate(10 * kMiB);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(p.status().message());
+  EXPECT_THAT(message, HasSubstr("out of memory"));
+  EXPECT_THAT(message, HasSubstr("tried to allocate 10.00 MiB (10485760 bytes)"));
+  EXPECT_THAT(message, HasSubstr("large pool"));
+  EXPECT_THAT(message, HasSubstr("budget 24.00 MiB (25165824 bytes)"));
+  EXPECT_THAT(message, HasSubstr("reserved 20.00 MiB (20971520 bytes)"));
+  EXPECT_THAT(message, HasSubstr("allocated 9.00 MiB (9437184 bytes)"));
+  EXPECT_THAT(message, HasSubstr("largest free block 8.00 MiB (8388608 bytes)"));
+  EXPECT_THAT(message, HasSubstr("pinned (unevictable) 9.00 MiB (9437184 bytes)"));
+  EXPECT_THAT(message, HasSubstr("eviction freed 0 bytes in 0 blocks"));
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_ooms, 1);
+  EXPECT_EQ(stats.num_cache_flushes, 1);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(20 * kMiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(RetryLadderTest, OutOfMemoryWithoutHandlerAsksNobodyForPinnedBytes) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(BudgetConfig(2 * kMiB), &backend);
+  absl::StatusOr<void*> p = allocator->Allocate(3 * kMiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("no eviction handler"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("pinned (unevictable) unknown"));
+  EXPECT_EQ(allocator->Allocate(SIZE_MAX).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(RetryLadderTest, AllocationsInsideTheHandlerDoNotRecurse) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(BudgetConfig(2 * kMiB), &backend);
+  ASSERT_TRUE(allocator->Allocate(kMiB).ok());
+  absl::Status inner;
+  LambdaHandler handler([&](const EvictionRequest&) {
+    inner = allocator->Allocate(3 * kMiB).status();  // cannot fit either
+    return EvictionResult{};
+  });
+  allocator->SetEvictionHandler(&handler);
+  EXPECT_FALSE(allocator->Allocate(3 * kMiB).ok());
+  EXPECT_EQ(handler.requests.size(), 1u);
+  EXPECT_THAT(std::string(inner.message()), HasSubstr("eviction skipped"));
+  EXPECT_EQ(allocator->GetStats().num_ooms, 2);
+}
+
+// --- The backend failing (a real device OOM) ---
+
+TEST(BackendFailureTest, CachedSegmentsAreReleasedAndTheRequestRetried) {
+  FakeBackend backend(/*capacity_bytes=*/22 * kMiB);
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);  // unlimited budget
+  void* small = *allocator->Allocate(4 * kKiB);
+  DTR_ASSERT_OK(allocator->Free(small));  // 2 MiB cached
+  void* big = *allocator->Allocate(20 * kMiB);  // 2 + 20 fits the device exactly
+  DTR_ASSERT_OK(allocator->Free(big));
+  absl::StatusOr<void*> p = allocator->Allocate(21 * kMiB);  // 22 MiB: only after a flush
+  ASSERT_TRUE(p.ok()) << p.status();
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_GE(stats.num_backend_failures, 1);
+  EXPECT_EQ(stats.num_cache_flushes, 1);
+  EXPECT_EQ(stats.num_segment_frees, 2);
+  EXPECT_EQ(backend.counters().live_bytes, 22 * kMiB);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(BackendFailureTest, ReportsTheBackendErrorWhenNothingHelps) {
+  FakeBackend backend(/*capacity_bytes=*/8 * kMiB);
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  absl::StatusOr<void*> p = allocator->Allocate(9 * kMiB);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("backend fake: FakeBackend: out of"));
+  EXPECT_TRUE(allocator->Allocate(7 * kMiB).ok());
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+TEST(BackendFailureTest, FailingTheNthRequestNeverCorruptsState) {
+  // For every N, the Nth backend request fails during a fixed workload; each operation either
+  // succeeds or reports ResourceExhausted, and the state stays consistent throughout.
+  for (int n = 1; n <= 12; ++n) {
+    SCOPED_TRACE(n);
+    FakeBackend backend;
+    AllocatorConfig config = BudgetConfig(64 * kMiB);
+    auto allocator = MakeAllocator(config, &backend);
+    backend.FailNthAllocation(n);
+    std::vector<void*> live;
+    int failures = 0;
+    const size_t sizes[] = {4 * kKiB, 3 * kMiB, 12 * kMiB, 700 * kKiB, 9 * kMiB, 2 * kMiB,
+                            30 * kMiB, 100, 15 * kMiB, 5 * kMiB};
+    for (int round = 0; round < 3; ++round) {
+      for (size_t size : sizes) {
+        absl::StatusOr<void*> p = allocator->Allocate(size, Stream{uint64_t(round % 2)});
+        if (p.ok()) {
+          live.push_back(*p);
+        } else {
+          ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+          ++failures;
+        }
+        DTR_ASSERT_OK(allocator->CheckInvariants());
+        if (live.size() > 4) {
+          DTR_ASSERT_OK(allocator->Free(live.front()));
+          live.erase(live.begin());
+        }
+      }
+      if (round == 1) allocator->EmptyCache();
+    }
+    for (void* p : live) DTR_ASSERT_OK(allocator->Free(p));
+    allocator->EmptyCache();
+    DTR_ASSERT_OK(allocator->CheckInvariants());
+    EXPECT_EQ(allocator->GetStats().reserved_bytes.current, 0);
+    EXPECT_EQ(backend.counters().live_bytes, 0u);
+    EXPECT_EQ(backend.counters().bad_frees, 0);
+    EXPECT_EQ(allocator->GetStats().num_backend_failures, backend.counters().failed_allocations);
+    // A single injected failure is absorbed by the ladder (flush and retry) or the later retry.
+    EXPECT_EQ(backend.counters().failed_allocations, n <= backend.counters().allocate_calls ? 1 : 0);
+    EXPECT_EQ(failures, allocator->GetStats().num_ooms);
+  }
+}
+
+TEST(CachingAllocatorTest, DestructorReturnsEverythingToTheBackend) {
+  FakeBackend backend;
+  {
+    auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+    void* a = *allocator->Allocate(4 * kKiB);
+    ASSERT_TRUE(allocator->Allocate(30 * kMiB).ok());
+    DTR_ASSERT_OK(allocator->RecordStream(a, Stream{2}));
+    DTR_ASSERT_OK(allocator->Free(a));  // pending event
+  }
+  EXPECT_EQ(backend.counters().live_bytes, 0u);
+  EXPECT_EQ(backend.counters().live_events, 0);
+  EXPECT_EQ(backend.counters().bad_frees, 0);
+}
+
+TEST(CachingAllocatorTest, SnapshotTotalsMatchStatsAndPrint) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* a = *allocator->Allocate(3000);
+  ASSERT_TRUE(allocator->Allocate(3 * kMiB).ok());
+  DTR_ASSERT_OK(allocator->RecordStream(a, Stream{4}));
+  DTR_ASSERT_OK(allocator->Free(a));
+  MemorySnapshot snapshot = allocator->Snapshot();
+  MemorySnapshot::Totals totals = snapshot.ComputeTotals();
+  EXPECT_EQ(int64_t(totals.reserved_bytes), snapshot.stats.reserved_bytes.current);
+  EXPECT_EQ(int64_t(totals.allocated_bytes), snapshot.stats.allocated_bytes.current);
+  EXPECT_EQ(int64_t(totals.active_bytes), snapshot.stats.active_bytes.current);
+  EXPECT_EQ(totals.active_blocks, 2);
+  EXPECT_EQ(totals.largest_free_block, 17 * kMiB);
+  const std::string text = snapshot.ToString();
+  EXPECT_THAT(text, HasSubstr("pool=small"));
+  EXPECT_THAT(text, HasSubstr("pending"));
+  EXPECT_THAT(text, HasSubstr("[+0x0 3.00 MiB allocated]"));
+}
+
+}  // namespace
+}  // namespace dtr::alloc
