@@ -2,7 +2,7 @@
 #include "allocator/allocator_config.h"
 
 #include "absl/strings/str_cat.h"
-#include "allocator/byte_format.h"
+#include "runtime/bytes.h"
 
 namespace dtr::alloc {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/byte_format.h"
+#include "runtime/bytes.h"
 
 namespace dtr::alloc {
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/byte_format.h"
+#include "runtime/bytes.h"
 
 namespace dtr::alloc {
 

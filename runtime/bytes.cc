@@ -47,16 +47,21 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
   return uint64_t(std::llround(std::floor(bytes)));
 }
 
-std::string FormatBytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+std::string FormatBytesShort(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
   double v = double(bytes);
   int unit = 0;
-  while (v >= 1024 && unit < 4) {
+  while (v >= 1024 && unit < 6) {
     v /= 1024;
     ++unit;
   }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.2f %s (%d bytes)", v, kUnits[unit], bytes);
+  return absl::StrFormat("%.2f %s", v, kUnits[unit]);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  if (bytes < 1024) return FormatBytesShort(bytes);
+  return absl::StrFormat("%s (%d bytes)", FormatBytesShort(bytes), bytes);
 }
 
 }  // namespace dtr

@@ -1,5 +1,6 @@
 // Parsing and printing byte quantities ("6GiB", "512M", "1.5G", "123456"). Shared by the
-// runtime's configuration, dtr-sim's --budget and the torch layer's DTR_BUDGET.
+// runtime's configuration, dtr-sim's --budget, the allocator's reports and the torch layer's
+// DTR_BUDGET (library target dtr_bytes, which has no other dependency than abseil).
 #ifndef DTR_RUNTIME_BYTES_H_
 #define DTR_RUNTIME_BYTES_H_
 
@@ -19,8 +20,10 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text);
 // What ParseBytes accepts, for error messages.
 absl::string_view AcceptedByteForms();
 
-// "1.50 GiB (1610612736 bytes)"-style human readable rendering.
+// "1.50 GiB (1610612736 bytes)": a binary-unit figure plus the exact count; "12 B" below 1 KiB.
 std::string FormatBytes(uint64_t bytes);
+// Only the binary-unit figure, e.g. "20.00 MiB".
+std::string FormatBytesShort(uint64_t bytes);
 
 }  // namespace dtr
 

@@ -134,24 +134,32 @@ absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
   return id;
 }
 
-absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
-  for (StorageId in : call.inputs)
-    if (auto r = Lookup(in, absl::StrCat("input of ", call.name)); !r.ok()) return r.status();
-  // Distinct inputs, locked first so that bringing one back cannot evict another.
-  absl::InlinedVector<StorageId, 4> inputs;
-  for (StorageId in : call.inputs)
-    if (!ContainsValue(inputs, in)) inputs.push_back(in);
-  for (StorageId in : inputs) Lock(in);
-  auto unlock_inputs = [&] {
-    for (StorageId in : inputs) Unlock(in);
-    DrainCollection();
-  };
-  for (StorageId in : inputs) {
+absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
+                                         InputList* distinct) {
+  for (StorageId in : ids)
+    if (auto r = Lookup(in, absl::StrCat("input of ", op_name)); !r.ok()) return r.status();
+  // Locked before any is brought back, so that bringing one back cannot evict another.
+  for (StorageId in : ids)
+    if (!ContainsValue(*distinct, in)) distinct->push_back(in);
+  for (StorageId in : *distinct) Lock(in);
+  for (StorageId in : *distinct) {
     if (absl::Status s = Materialize(in); !s.ok()) {
-      unlock_inputs();
+      UnlockAll(*distinct);
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+void Runtime::UnlockAll(const InputList& ids) {
+  for (StorageId in : ids) Unlock(in);
+  DrainCollection();
+}
+
+absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
+  InputList inputs;
+  if (absl::Status s = LockAndMaterialize(call.name, call.inputs, &inputs); !s.ok()) return s;
+  auto unlock_inputs = [&] { UnlockAll(inputs); };
   uint64_t out_bytes = 0;
   for (uint64_t size : call.output_sizes) out_bytes += size;
   if (absl::Status s = Reserve(out_bytes, absl::StrCat("outputs of ", call.name)); !s.ok()) {
@@ -211,30 +219,14 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
 
 absl::Status Runtime::Mutate(const MutateCall& call,
                              absl::FunctionRef<absl::StatusOr<double>()> execute) {
-  for (StorageId in : call.inputs)
-    if (auto r = Lookup(in, absl::StrCat("input of ", call.name)); !r.ok()) return r.status();
-  absl::InlinedVector<StorageId, 4> inputs;
-  for (StorageId in : call.inputs)
-    if (!ContainsValue(inputs, in)) inputs.push_back(in);
+  std::vector<StorageId> reads(call.inputs.begin(), call.inputs.end());
+  reads.insert(reads.end(), call.mutated.begin(), call.mutated.end());
+  InputList inputs;
+  if (absl::Status s = LockAndMaterialize(call.name, reads, &inputs); !s.ok()) return s;
+  auto unlock_inputs = [&] { UnlockAll(inputs); };
   absl::InlinedVector<StorageId, 2> mutated;
-  for (StorageId m : call.mutated) {
-    if (!ContainsValue(inputs, m)) {
-      if (auto r = Lookup(m, absl::StrCat("mutated argument of ", call.name)); !r.ok()) return r.status();
-      inputs.push_back(m);
-    }
+  for (StorageId m : call.mutated)
     if (!ContainsValue(mutated, m)) mutated.push_back(m);
-  }
-  for (StorageId in : inputs) Lock(in);
-  auto unlock_inputs = [&] {
-    for (StorageId in : inputs) Unlock(in);
-    DrainCollection();
-  };
-  for (StorageId in : inputs) {
-    if (absl::Status s = Materialize(in); !s.ok()) {
-      unlock_inputs();
-      return s;
-    }
-  }
   // Note [Mutation]: freeze every reader of the old contents.
   std::vector<StorageId> readers_outputs;
   for (StorageId m : mutated) {

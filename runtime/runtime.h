@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -118,7 +119,14 @@ class Runtime {
  private:
   Runtime(const RuntimeConfig& config, ReplayBackend* backend);
 
+  using InputList = absl::InlinedVector<StorageId, 4>;
+
   StorageRecord& rec(StorageId id) { return storages_[id]; }
+  // Appends the distinct `ids` to `distinct`, locks them and brings them back; on failure
+  // everything is unlocked again. UnlockAll undoes it once the op is done.
+  absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
+                                  InputList* distinct);
+  void UnlockAll(const InputList& ids);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   void Lock(StorageId id);
   void Unlock(StorageId id);

@@ -422,7 +422,7 @@ TEST(RetryLadderTest, Rung5ReportsEverythingInTheOutOfMemoryMessage) {
   EXPECT_THAT(message, HasSubstr("allocated 9.00 MiB (9437184 bytes)"));
   EXPECT_THAT(message, HasSubstr("largest free block 8.00 MiB (8388608 bytes)"));
   EXPECT_THAT(message, HasSubstr("pinned (unevictable) 9.00 MiB (9437184 bytes)"));
-  EXPECT_THAT(message, HasSubstr("eviction freed 0 bytes in 0 blocks"));
+  EXPECT_THAT(message, HasSubstr("eviction freed 0 B in 0 blocks"));
   AllocatorStats stats = allocator->GetStats();
   EXPECT_EQ(stats.num_ooms, 1);
   EXPECT_EQ(stats.num_cache_flushes, 1);
