@@ -40,6 +40,7 @@ struct StorageRecord {
   // which happens after every rematerialization of a dependent (they lock their deps).
   bool banish_pending = false;
   bool deletion_pending = false;     // guards the collection worklist
+  bool release_pending = false;      // refs reached 0 while locked or pinned
   // Resident but only part of its recipe replayed (Note [Rematerialization]): its contents are
   // not final, so it counts as evicted for banishing.
   bool rebuilding = false;

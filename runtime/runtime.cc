@@ -22,11 +22,15 @@ namespace dtr {
 //
 // Note [Mutation]
 // An in-place op changes a storage that earlier ops read, so (design rules 1 and 2) before it
-// runs, every live storage whose recipe reads the mutated storage is rematerialized and detached
-// (made a constant): its recipe would otherwise replay against the new contents. Afterwards the
-// mutated storage keeps its recipe with the in-place op appended (replaying the recipe rebuilds
-// the new contents) if the op is replayable and mutates exactly one storage; otherwise it
-// becomes a constant.
+// runs, no live recipe may read the old contents any more. Walking downstream from the mutated
+// storage: a resident reader is detached (frozen as a constant, its contents are right); an
+// evicted reader the program still holds is brought back first and then detached; an evicted
+// reader nobody holds is abandoned, and the walk continues into its own readers, since they
+// can no longer bring it back. Abandoned storages end up with no readers and are collected, so
+// an optimizer step that updates parameters in place drops the previous step's graph instead of
+// recomputing it. Afterwards the mutated storage keeps its recipe with the in-place op appended
+// (replaying the recipe rebuilds the new contents) if the op is replayable and mutates exactly
+// one storage; otherwise it becomes a constant.
 //
 // Note [Evictable pool]
 // pool_ holds exactly the storages that are resident, rematerializable, unpinned and of nonzero
@@ -227,22 +231,10 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   absl::InlinedVector<StorageId, 2> mutated;
   for (StorageId m : call.mutated)
     if (!ContainsValue(mutated, m)) mutated.push_back(m);
-  // Note [Mutation]: freeze every reader of the old contents.
-  std::vector<StorageId> readers_outputs;
-  for (StorageId m : mutated) {
-    Dependents(m, &readers_outputs);
-    for (StorageId t : readers_outputs) {
-      if (!storages_.Contains(t) || !rec(t).rematerializable()) continue;
-      Lock(t);
-      absl::Status s = Materialize(t);
-      if (s.ok()) Detach(t);  // before unlocking: an unreferenced t would be evicted at once
-      Unlock(t);
-      if (!s.ok()) {
-        unlock_inputs();
-        return s;
-      }
-      MaybeCollect(t);
-    }
+  // Note [Mutation]: nothing may replay against the old contents any more.
+  if (absl::Status s = InvalidateReaders(mutated); !s.ok()) {
+    unlock_inputs();
+    return s;
   }
   absl::StatusOr<double> cost = execute();
   if (!cost.ok()) {
@@ -275,6 +267,58 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   }
   for (StorageId in : inputs) Touch(in);
   unlock_inputs();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
+  // Walk downstream from the mutated storages through evicted, unreferenced storages
+  // (Note [Mutation]): resident ones are frozen as they are, evicted ones the program still
+  // holds are brought back first, and evicted unreferenced ones are abandoned.
+  std::vector<StorageId> freeze, bring_back, abandon, frontier, next;
+  absl::flat_hash_set<uint64_t> seen;
+  for (StorageId m : mutated) {
+    Dependents(m, &next);
+    frontier.insert(frontier.end(), next.begin(), next.end());
+  }
+  while (!frontier.empty()) {
+    StorageId t = frontier.back();
+    frontier.pop_back();
+    if (!seen.insert(t.packed()).second) continue;
+    const StorageRecord& r = rec(t);
+    if (!r.rematerializable()) continue;
+    if (r.resident()) {
+      freeze.push_back(t);
+    } else if (r.external_refs > 0 || r.pins > 0) {
+      bring_back.push_back(t);
+    } else {
+      abandon.push_back(t);
+      Dependents(t, &next);
+      frontier.insert(frontier.end(), next.begin(), next.end());
+    }
+  }
+  // Bring back first, while every recipe still reads the old contents; keep each one (and every
+  // storage to be frozen) locked so that bringing back another cannot evict it.
+  for (StorageId t : freeze) Lock(t);
+  size_t locked_back = 0;
+  absl::Status status;
+  for (StorageId t : bring_back) {
+    Lock(t);
+    ++locked_back;
+    status = Materialize(t);
+    if (!status.ok()) break;
+  }
+  if (status.ok()) {
+    for (StorageId t : freeze) Detach(t);
+    for (StorageId t : bring_back) Detach(t);
+  }
+  for (StorageId t : freeze) Unlock(t);
+  for (size_t i = 0; i < locked_back; ++i) Unlock(bring_back[i]);
+  if (!status.ok()) return status;
+  // Nothing reads the abandoned storages any more: collecting them drops the old graph.
+  for (StorageId t : abandon) {
+    ++stats_.detached;
+    MaybeCollect(t);
+  }
   return absl::OkStatus();
 }
 
@@ -328,7 +372,10 @@ absl::Status Runtime::Unpin(StorageId id) {
   if ((*r)->pins == 0) return absl::FailedPreconditionError(absl::StrCat("unpin: ", IdString(id), " is not pinned"));
   --(*r)->pins;
   SyncPool(id);
-  if ((*r)->pins == 0 && (*r)->external_refs == 0) OnUnreferenced(id);
+  if ((*r)->pins == 0 && (*r)->external_refs == 0 && (*r)->locks == 0) {
+    (*r)->release_pending = false;
+    OnUnreferenced(id);
+  }
   DrainCollection();
   return absl::OkStatus();
 }
@@ -344,7 +391,12 @@ void Runtime::Lock(StorageId id) { ++rec(id).locks; }
 
 void Runtime::Unlock(StorageId id) {
   StorageRecord& r = rec(id);
-  if (--r.locks == 0 && r.external_refs == 0 && r.pins == 0) OnUnreferenced(id);
+  // Only a release that was deferred while locked applies now: a storage brought back for a
+  // dependent stays resident like any other (evicting it on unlock made replays cascade).
+  if (--r.locks == 0 && r.external_refs == 0 && r.pins == 0 && (r.release_pending || r.banish_pending)) {
+    r.release_pending = false;
+    OnUnreferenced(id);
+  }
 }
 
 // ---- Graph ----------------------------------------------------------------------------------
@@ -789,7 +841,11 @@ void Runtime::NoteRemat(StorageId id) {
 
 void Runtime::OnUnreferenced(StorageId id) {
   StorageRecord& r = rec(id);
-  if (r.external_refs > 0 || r.locks > 0 || r.pins > 0) return;
+  if (r.external_refs > 0) return;
+  if (r.locks > 0 || r.pins > 0) {
+    r.release_pending = true;  // applied when the last lock goes (Unlock / Unpin)
+    return;
+  }
   if (r.readers.empty()) {
     MaybeCollect(id);
     return;

@@ -159,6 +159,7 @@ class Runtime {
 
   // Deallocation and record lifetime (Note [Record lifetime]).
   void OnUnreferenced(StorageId id);
+  absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
   void Banish(StorageId id);
   void Detach(StorageId id);
   void ClearRecipe(StorageId id);

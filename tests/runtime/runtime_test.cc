@@ -288,6 +288,51 @@ TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
   Check();
 }
 
+TEST_F(RuntimeTest, MutationAbandonsUnreferencedEvictedReadersInsteadOfReplayingThem) {
+  Make(kUnlimitedBudget);
+  StorageId w = Const(4);   // a parameter
+  StorageId x = Const(4);
+  StorageId act = Op1("linear", {x, w}, 10);          // forward activation, reads w
+  StorageId act2 = Op1("relu", {act}, 10);            // unreferenced later, evicted
+  StorageId grad = Op1("linear_backward", {act2}, 4);  // the program keeps the gradient
+  StorageId kept = Op1("other", {act}, 10);            // the program keeps this one, evicted
+  ASSERT_TRUE(rt_->DropRef(act).ok());
+  ASSERT_TRUE(rt_->DropRef(act2).ok());
+  ASSERT_TRUE(rt_->Evict(kept).ok());
+  ASSERT_FALSE(Resident(act));
+  ASSERT_FALSE(Resident(act2));
+  backend_.replays.clear();
+  StorageId mutated[] = {w};
+  StorageId inputs[] = {w, grad};
+  ASSERT_TRUE(rt_->Mutate({"sgd_step_", inputs, mutated, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  // Only `kept` (held by the program, evicted) was brought back, which needs act once; act2 was
+  // never replayed. act and act2 were abandoned and collected, the resident gradient frozen.
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"linear", "other"}));
+  EXPECT_EQ(rt_->storage(act), nullptr);
+  EXPECT_EQ(rt_->storage(act2), nullptr);
+  EXPECT_FALSE(rt_->storage(grad)->rematerializable());
+  EXPECT_TRUE(Resident(kept));
+  EXPECT_FALSE(rt_->storage(kept)->rematerializable());
+  Check();
+}
+
+TEST_F(RuntimeTest, StoragesBroughtBackForADependentStayResident) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  StorageId c = Op1("c", {a}, 10);
+  ASSERT_TRUE(rt_->DropRef(a).ok());  // eagerly evicted
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  ASSERT_TRUE(rt_->Evict(c).ok());
+  ASSERT_TRUE(rt_->Access(b).ok());
+  ASSERT_TRUE(rt_->Access(c).ok());
+  // a came back once for b and stayed for c: no second replay of a.
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(Resident(a));
+  Check();
+}
+
 TEST_F(RuntimeTest, MutatingSeveralStoragesMakesThemConstants) {
   Make(kUnlimitedBudget);
   StorageId x = Const(4);
