@@ -15,7 +15,7 @@ namespace dtr::alloc {
 // Note [Budget is a hard cap]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // stats_.reserved_bytes.current (the sum of segment sizes, i.e. what the backend gave us) never
-// exceeds config_.budget_bytes. The only place that obtains memory, GrowLocked, checks the
+// exceeds budget_bytes_. The only place that obtains memory, GrowLocked, checks the
 // budget before calling the backend, so the cap holds at every instant, not just eventually. A
 // request that does not fit climbs the retry ladder (Note [Retry ladder]) and, failing that, is
 // refused; the budget is never "temporarily" exceeded.
@@ -111,7 +111,27 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
 }
 
 CachingAllocator::CachingAllocator(const AllocatorConfig& config, DeviceMemoryBackend* backend)
-    : config_(config), sizes_(config), backend_(backend) {}
+    : config_(config), budget_bytes_(config.budget_bytes), sizes_(config), backend_(backend) {}
+
+absl::Status CachingAllocator::SetBudget(size_t budget_bytes) {
+  if (budget_bytes == 0) return absl::InvalidArgumentError("the budget must be positive");
+  std::lock_guard<std::mutex> lock(mu_);
+  ProcessEventsLocked();
+  if (static_cast<size_t>(stats_.reserved_bytes.current) > budget_bytes) ReleaseCachedSegmentsLocked();
+  size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
+  if (reserved > budget_bytes)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot lower the budget to ", FormatBytes(budget_bytes), ": ", FormatBytes(reserved),
+        " are reserved by blocks in use; free or evict tensors first (budget stays ",
+        budget_bytes_ == AllocatorConfig::kUnlimited ? std::string("unlimited") : FormatBytes(budget_bytes_), ")"));
+  budget_bytes_ = budget_bytes;
+  return absl::OkStatus();
+}
+
+size_t CachingAllocator::budget() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return budget_bytes_;
+}
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -194,7 +214,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, Stream stream) {
     if (attempt.ptr != nullptr) return attempt.ptr;
     if (!attempt.backend_error.ok()) backend_error = attempt.backend_error;
     ++stats_.num_ooms;
-    budget = config_.budget_bytes;
+    budget = budget_bytes_;
     reserved = static_cast<size_t>(stats_.reserved_bytes.current);
     allocated = static_cast<size_t>(stats_.allocated_bytes.current);
     largest_free = LargestFreeBlockLocked();
@@ -222,7 +242,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, Stream stream) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "dtr allocator out of memory: tried to allocate ", FormatBytes(bytes), " (block ",
       FormatBytes(rounded), ", ", PoolName(pool), " pool, ", StreamName(stream),
-      "); budget ", config_.unlimited_budget() ? "unlimited" : FormatBytes(budget),
+      "); budget ", budget == AllocatorConfig::kUnlimited ? "unlimited" : FormatBytes(budget),
       "; reserved ", FormatBytes(reserved), "; allocated ", FormatBytes(allocated),
       "; largest free block ", FormatBytes(largest_free), "; pinned (unevictable) ", pinned,
       "; ", eviction_text, "; released cached ", FormatBytes(released), "; backend ",
@@ -262,7 +282,7 @@ CachingAllocator::Block* CachingAllocator::GrowLocked(size_t rounded, Pool pool,
   const size_t minimal = sizes_.MinimalSegmentSize(rounded);
   const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
   auto fits_budget = [&](size_t size) {
-    return size <= config_.budget_bytes && reserved <= config_.budget_bytes - size;
+    return size <= budget_bytes_ && reserved <= budget_bytes_ - size;
   };
   size_t sizes[2];
   int num_sizes = 0;
@@ -503,7 +523,7 @@ bool CachingAllocator::CanSatisfyLocked(size_t rounded, Pool pool, Stream stream
                                                              : sizes_.SegmentSize(rounded);
   const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
   const size_t releasable = std::min(reserved, ReleasableBytesLocked() + extra_releasable);
-  return needed <= config_.budget_bytes && reserved - releasable <= config_.budget_bytes - needed;
+  return needed <= budget_bytes_ && reserved - releasable <= budget_bytes_ - needed;
 }
 
 bool CachingAllocator::CanSatisfy(const EvictionRequest& request) {
@@ -539,7 +559,7 @@ EvictionRequest CachingAllocator::MakeRequestLocked(size_t requested, size_t rou
   request.rounded_bytes = rounded;
   request.pool = pool;
   request.stream = stream;
-  request.budget_bytes = config_.budget_bytes;
+  request.budget_bytes = budget_bytes_;
   request.reserved_bytes = static_cast<size_t>(stats_.reserved_bytes.current);
   request.allocated_bytes = static_cast<size_t>(stats_.allocated_bytes.current);
   return request;
@@ -604,9 +624,9 @@ absl::Status CachingAllocator::CheckInvariants() const {
   };
   // Note [Budget is a hard cap].
   if (stats_.reserved_bytes.current < 0 ||
-      static_cast<size_t>(stats_.reserved_bytes.current) > config_.budget_bytes) {
+      static_cast<size_t>(stats_.reserved_bytes.current) > budget_bytes_) {
     return fail("reserved ", stats_.reserved_bytes.current, " exceeds budget ",
-                config_.budget_bytes);
+                budget_bytes_);
   }
   std::unordered_map<const Block*, int> pending_entries;
   for (const PendingEvent& pending : pending_events_) ++pending_entries[pending.block];

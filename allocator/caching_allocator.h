@@ -58,6 +58,12 @@ class CachingAllocator {
   // waiting on them).
   void EmptyCache();
 
+  // Changes the budget. Lowering it below what is reserved first releases cached free segments;
+  // if reserved bytes still exceed the new budget, fails with FailedPrecondition and keeps the old
+  // one (free or evict tensors first). AllocatorConfig::kUnlimited removes the cap.
+  absl::Status SetBudget(size_t budget_bytes);
+  size_t budget() const;
+
   // Installs (or, with nullptr, removes) the handler used by rung 3. Not owned.
   void SetEvictionHandler(EvictionHandler* handler);
 
@@ -150,7 +156,8 @@ class CachingAllocator {
   EvictionRequest MakeRequestLocked(size_t requested, size_t rounded, Pool pool,
                                     Stream stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const AllocatorConfig config_;
+  const AllocatorConfig config_;  // as created; the budget lives in budget_bytes_
+  size_t budget_bytes_ ABSL_GUARDED_BY(mu_);
   const SizeClasses sizes_;
   DeviceMemoryBackend* const backend_;
 

@@ -564,3 +564,36 @@ TEST(CachingAllocatorTest, SnapshotTotalsMatchStatsAndPrint) {
 
 }  // namespace
 }  // namespace dtr::alloc
+
+namespace dtr::alloc {
+namespace {
+
+using ::dtr::alloc::testing::BudgetConfig;
+using ::dtr::alloc::testing::kMiB;
+using ::dtr::alloc::testing::MakeAllocator;
+using ::testing::HasSubstr;
+
+TEST(CachingAllocatorTest, SetBudgetReleasesCacheAndRefusesToGoBelowWhatIsInUse) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(BudgetConfig(64 * kMiB), &backend);
+  void* a = *allocator->Allocate(12 * kMiB);
+  void* b = *allocator->Allocate(12 * kMiB);
+  ASSERT_TRUE(allocator->Free(b).ok());
+  size_t reserved = size_t(allocator->GetStats().reserved_bytes.current);
+  // b's cached segment is released to make room; a stays.
+  ASSERT_TRUE(allocator->SetBudget(reserved - 1).ok()) << reserved;
+  EXPECT_EQ(allocator->budget(), reserved - 1);
+  EXPECT_LE(size_t(allocator->GetStats().reserved_bytes.current), reserved - 1);
+  absl::Status too_low = allocator->SetBudget(1 * kMiB);
+  ASSERT_FALSE(too_low.ok());
+  EXPECT_THAT(std::string(too_low.message()), HasSubstr("free or evict tensors first"));
+  EXPECT_EQ(allocator->budget(), reserved - 1);
+  EXPECT_FALSE(allocator->Allocate(40 * kMiB).ok());  // the new, lower cap holds
+  ASSERT_TRUE(allocator->SetBudget(AllocatorConfig::kUnlimited).ok());
+  EXPECT_TRUE(allocator->Allocate(40 * kMiB).ok());
+  ASSERT_TRUE(allocator->Free(a).ok());
+  EXPECT_TRUE(allocator->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace dtr::alloc
