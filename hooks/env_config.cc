@@ -1,0 +1,129 @@
+#include "hooks/env_config.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/bytes.h"
+#include "runtime/heuristic.h"
+
+extern char** environ;
+
+namespace dtr::hooks {
+namespace {
+
+const char* const kKnown[] = {"DTR_BUDGET",     "DTR_HEURISTIC",  "DTR_DEALLOC",
+                              "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
+                              "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_DEBUG_DISABLE_RULES",
+                              "DTR_LIB"};
+
+std::string HeuristicNames() {
+  std::vector<std::string> names;
+  for (const HeuristicInfo& h : AllHeuristics()) names.emplace_back(h.name);
+  return absl::StrJoin(names, " | ");
+}
+
+absl::Status Bad(const char* var, const char* value, absl::string_view accepted) {
+  return absl::InvalidArgumentError(absl::StrCat("dtr: invalid ", var, "='", value,
+                                                 "'; accepted: ", accepted));
+}
+
+}  // namespace
+
+std::string DtrEnvConfig::ToString() const {
+  return absl::StrCat("DtrEnvConfig{enable=", enable, ", evict=", evict, ", budget=",
+                      unlimited() ? std::string("unlimited") : FormatBytes(budget_bytes),
+                      ", heuristic=", HeuristicName(heuristic), ", dealloc=", DeallocPolicyName(dealloc),
+                      ", search=", SearchModeName(search), ", stats_file='", stats_file,
+                      "', trace_file='", trace_file, "', verbose=", verbose,
+                      ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
+}
+
+absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
+    const std::function<const char*(const char*)>& getenv_fn,
+    const std::function<void(const std::function<void(const std::string&)>&)>& for_each_name) {
+  DtrEnvConfig c;
+  absl::Status unknown = absl::OkStatus();
+  for_each_name([&](const std::string& name) {
+    if (!unknown.ok() || name.rfind("DTR_", 0) != 0) return;
+    for (const char* k : kKnown)
+      if (name == k) return;
+    unknown = absl::InvalidArgumentError(absl::StrCat(
+        "dtr: unknown environment variable ", name, "; known: ", absl::StrJoin(kKnown, ", ")));
+  });
+  if (!unknown.ok()) return unknown;
+
+  if (const char* v = getenv_fn("DTR_ENABLE")) {
+    if (!strcmp(v, "0")) c.enable = false;
+    else if (!strcmp(v, "1")) c.enable = true;
+    else return Bad("DTR_ENABLE", v, "0 | 1");
+  }
+  if (const char* v = getenv_fn("DTR_EVICT")) {
+    if (!strcmp(v, "0")) c.evict = false;
+    else if (!strcmp(v, "1")) c.evict = true;
+    else return Bad("DTR_EVICT", v, "0 | 1");
+  }
+  if (const char* v = getenv_fn("DTR_BUDGET")) {
+    if (!strcmp(v, "unlimited") || !strcmp(v, "none")) {
+      c.budget_bytes = kUnlimitedBudget;
+    } else {
+      auto b = ParseBytes(v);
+      if (!b.ok() || *b == 0)
+        return Bad("DTR_BUDGET", v, absl::StrCat(AcceptedByteForms(), " (nonzero), or 'unlimited'"));
+      c.budget_bytes = *b;
+    }
+  }
+  if (const char* v = getenv_fn("DTR_HEURISTIC")) {
+    auto h = ParseHeuristic(v);
+    if (!h.ok()) return Bad("DTR_HEURISTIC", v, HeuristicNames());
+    c.heuristic = *h;
+  }
+  if (const char* v = getenv_fn("DTR_DEALLOC")) {
+    auto d = ParseDeallocPolicy(v);
+    if (!d.ok()) return Bad("DTR_DEALLOC", v, "eager-evict | banish");
+    c.dealloc = *d;
+  }
+  if (const char* v = getenv_fn("DTR_SEARCH")) {
+    auto s = ParseSearchMode(v);
+    if (!s.ok()) return Bad("DTR_SEARCH", v, "sampled | exact");
+    c.search = *s;
+  }
+  if (const char* v = getenv_fn("DTR_STATS_FILE")) {
+    if (!*v) return Bad("DTR_STATS_FILE", v, "a non-empty file path");
+    c.stats_file = v;
+  }
+  if (const char* v = getenv_fn("DTR_TRACE_FILE")) {
+    if (!*v) return Bad("DTR_TRACE_FILE", v, "a non-empty file path");
+    c.trace_file = v;
+  }
+  if (const char* v = getenv_fn("DTR_VERBOSE")) {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 2) return Bad("DTR_VERBOSE", v, "0 | 1 | 2");
+    c.verbose = n;
+  }
+  if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
+    for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+      int r = 0;
+      if (!absl::SimpleAtoi(part, &r) || r < 1 || r > kMaxRule)
+        return Bad("DTR_DEBUG_DISABLE_RULES", v, absl::StrCat("comma-separated rule numbers 1..", kMaxRule));
+      c.disabled_rules |= 1u << r;
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<DtrEnvConfig> ParseProcessEnv() {
+  return ParseEnvConfig([](const char* n) { return std::getenv(n); },
+                        [](const std::function<void(const std::string&)>& f) {
+                          for (char** e = environ; e && *e; ++e) {
+                            const char* eq = std::strchr(*e, '=');
+                            f(eq ? std::string(*e, eq - *e) : std::string(*e));
+                          }
+                        });
+}
+
+}  // namespace dtr::hooks

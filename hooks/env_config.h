@@ -1,0 +1,70 @@
+// DtrEnvConfig: the torch layer's configuration, parsed once from the environment (DTR_*) into a
+// validated, printable value type. Torch-free so it can be unit-tested and reused.
+//
+// Variables (all optional):
+//   DTR_BUDGET      byte budget on reserved CPU memory (dtr::ParseBytes forms); unset: unlimited
+//                   (dtr then only tracks and reports peaks)
+//   DTR_HEURISTIC   eviction heuristic name (dtr::ParseHeuristic), default dtr-eq
+//   DTR_DEALLOC     eager-evict | banish (dtr::ParseDeallocPolicy)
+//   DTR_SEARCH      sampled | exact (dtr::ParseSearchMode)
+//   DTR_STATS_FILE  path: JSON statistics written at process exit
+//   DTR_TRACE_FILE  path: trace format v1 (runtime/sim/trace.h) written as the program runs
+//   DTR_VERBOSE     0 | 1 | 2
+//   DTR_ENABLE      0 | 1 (default 1): 0 leaves the process untouched even when preloaded
+//   DTR_EVICT       0 | 1 (default 1): 0 keeps the budget but never evicts (the budget is then a
+//                   plain cap: shows what happens without rematerialization)
+//   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
+//                   rule is needed. Never use in production. Rules (design note numbering):
+//                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
+//                        (which also applies rule 2: readers are detached/frozen first)
+//                     4  outputs aliasing an input / pre-existing storage are never recorded
+//                     5  a replay must reproduce sizes/strides/offset/dtype before swapping in
+//                     6  random ops replay from a cloned generator / saved default state,
+//                        and ops that consume the default generator unexpectedly are not recorded
+//                   (2 and 3 are enforced structurally: 2 inside Runtime::Mutate, 3 because only
+//                   storages our allocator produced ever get a recipe.)
+//   DTR_LIB         ignored by the library (used by the test-suite to locate it)
+// Any other DTR_* variable is an error (typos must not silently run without a budget).
+#ifndef DTR_HOOKS_ENV_CONFIG_H_
+#define DTR_HOOKS_ENV_CONFIG_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/config.h"
+
+namespace dtr::hooks {
+
+constexpr int kMaxRule = 6;
+
+struct DtrEnvConfig {
+  bool enable = true;
+  bool evict = true;
+  uint64_t budget_bytes = kUnlimitedBudget;
+  HeuristicKind heuristic = HeuristicKind::kDtrEq;
+  DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
+  SearchMode search = SearchMode::kSampled;
+  std::string stats_file;
+  std::string trace_file;
+  int verbose = 0;
+  uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
+
+  bool unlimited() const { return budget_bytes == kUnlimitedBudget; }
+  bool rule_enabled(int r) const { return (disabled_rules & (1u << r)) == 0; }
+  std::string ToString() const;
+};
+
+// `getenv` returns nullptr for unset variables; `environ_names` enumerates every variable name
+// in the environment (to reject unknown DTR_* ones).
+absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
+    const std::function<const char*(const char*)>& getenv_fn,
+    const std::function<void(const std::function<void(const std::string&)>&)>& for_each_name);
+
+// From the real process environment.
+absl::StatusOr<DtrEnvConfig> ParseProcessEnv();
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_ENV_CONFIG_H_

@@ -1,0 +1,184 @@
+"""Small programs exercising one dtr rule each. `python scenarios.py NAME` prints one JSON line:
+{"out": {...digests...}, "dtr": stats-or-null}. Run plainly and under the preload (with a budget or
+with torch.ops.dtr.set_budget forcing evictions); the test compares the digests."""
+import hashlib
+import json
+import sys
+import threading
+
+import torch
+import torch.nn.functional as F
+
+DTR = hasattr(torch.ops, "dtr") and hasattr(torch.ops.dtr, "pin")
+
+
+def dg(t):
+    if not isinstance(t, torch.Tensor):
+        return repr(t)
+    t = t.detach()
+    if DTR:
+        torch.ops.dtr.pin(t)
+    h = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16] + str(tuple(t.shape))
+    if DTR:
+        torch.ops.dtr.unpin(t)
+    return h
+
+
+def squeeze():
+    """Forces evictions of everything evictable (no-op without dtr)."""
+    if DTR:
+        torch.ops.dtr.set_budget(1)  # raises: cannot get under 1 byte, but has evicted all it can
+        
+
+def evict_all():
+    if not DTR:
+        return
+    try:
+        torch.ops.dtr.set_budget(1)
+    except Exception:
+        pass
+    torch.ops.dtr.set_budget(0)  # back to unlimited; evicted storages stay evicted
+
+
+def rng():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(64, 64)           # no Generator argument: default generator
+    b = torch.rand(64, 64)
+    c = torch.randint(0, 100, (64, 64))
+    d = torch.randperm(500)
+    e = torch.rand_like(a)
+    f = torch.randn_like(a)
+    h = F.dropout(a * 1.0, 0.5, training=True)
+    i = torch.bernoulli(b, generator=g)
+    j = torch.normal(a, 1.0)
+    k = torch.randn(64, 64, generator=g)
+    derived = [x.float() * 2 + 1 for x in (a, b, c, e, f, h, i, j, k)]
+    evict_all()
+    out = {n: dg(x) for n, x in zip("abcdefhijk", (a, b, c, d, e, f, h, i, j, k))}
+    out.update({f"derived{n}": dg(x) for n, x in enumerate(derived)})
+    out["stream_after"] = dg(torch.rand(16))  # the global stream is unchanged by replays
+    out["gen_after"] = dg(torch.rand(16, generator=g))
+    return out
+
+
+def views_inplace():
+    torch.manual_seed(1)
+    x = torch.randn(64, 64) * 1.0
+    y = x.exp()
+    v = y[:, :32]                         # view
+    v.add_(torch.ones(64, 32), alpha=2)   # in-place through a view, with alpha
+    z = y.t().contiguous()
+    y.mul_(0.5)                           # mutation after z read y: z must keep the old contents
+    w = x.sin()
+    o = torch.empty(64, 64)
+    torch.add(w, z, alpha=3, out=o)       # out= variant
+    m = torch.empty(0)
+    torch.mm(w, z, out=m)                 # out= with resize
+    p = w.cos()
+    torch._foreach_add_([p, w], [torch.ones(64, 64), torch.ones(64, 64)])  # list mutation
+    q = w.tanh()
+    q.index_put_((torch.tensor([1, 2]),), torch.zeros(64))                 # never replayed
+    r = p.relu()
+    r.clamp_(max=0.5).add_(1)
+    s = p.sigmoid()
+    s.copy_(r)                            # copy_: never replayed
+    evict_all()
+    return {n: dg(t) for n, t in dict(x=x, y=y, v=v, z=z, w=w, o=o, m=m, p=p, q=q, r=r, s=s).items()}
+
+
+def multi_output():
+    torch.manual_seed(2)
+    x = torch.randn(128, 64).exp()
+    mx, idx = x.max(1)
+    vals, ind = x.sort(1)
+    tv, ti = x.topk(5, 1)
+    std, mean = torch.std_mean(x, 1)
+    parts = x.split(16, 0)
+    u, s_ = mx.exp(), vals.log()
+    evict_all()
+    out = dict(mx=mx, idx=idx, vals=vals, ind=ind, tv=tv, ti=ti, std=std, mean=mean, u=u, s=s_)
+    res = {n: dg(t) for n, t in out.items()}
+    res.update({f"part{i}": dg(p) for i, p in enumerate(parts)})
+    return res
+
+
+def leaving():
+    """Tensors leaving the dispatcher: item(), tolist(), numpy() of evicted tensors."""
+    torch.manual_seed(3)
+    x = torch.randn(256, 64).exp()
+    y = x * 3
+    z = y.sum(0)
+    evict_all()
+    res = {"item": y[3, 4].item(), "sum": z.sum().item()}
+    if DTR:
+        torch.ops.dtr.pin(y)
+    res["numpy"] = hashlib.sha256(y.numpy().tobytes()).hexdigest()[:16]
+    res["tolist"] = repr(z.tolist())[:200]
+    if DTR:
+        torch.ops.dtr.unpin(y)
+    return res
+
+
+def threads():
+    """Tensors created in the main thread, evicted, then read from a plain Python thread."""
+    torch.manual_seed(4)
+    xs = [torch.randn(64, 64).exp() for _ in range(8)]
+    ys = [x @ x for x in xs]
+    evict_all()
+    out = {}
+
+    def work():
+        out["sums"] = [dg(y + 1) for y in ys]
+        zs = [y.relu() for y in ys]
+        out["z"] = [dg(z.sum(1)) for z in zs]
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return out
+
+
+def set_budget():
+    """Train the MLP for 2 steps unlimited, lower the budget at run time, 2 more steps."""
+    import models
+    m, batches, loss_fn = models.mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    batches = batches + batches[:1]
+    losses = []
+    info = {}
+    for i, b in enumerate(batches):
+        if i == 2 and DTR:
+            st = json.loads(torch.ops.dtr.stats())
+            info["before"] = st["peak_allocated_bytes"]
+            try:
+                torch.ops.dtr.set_budget(1024)
+                info["tiny"] = "accepted"
+            except Exception as ex:  # noqa: BLE001
+                info["tiny"] = type(ex).__name__ + ": " + str(ex).splitlines()[0][:200]
+            info["budget_after_tiny"] = torch.ops.dtr.budget()
+            budget = int(st["peak_allocated_bytes"] * 0.95)
+            torch.ops.dtr.set_budget(budget)
+            torch.ops.dtr.reset_peak()
+            info["budget"] = torch.ops.dtr.budget()
+        opt.zero_grad()
+        loss = loss_fn(m, b)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {"losses": losses, "params": [dg(p) for p in m.parameters()]}
+    if DTR:
+        info["peak_after"] = json.loads(torch.ops.dtr.stats())["peak_reserved_bytes"]
+        print("INFO " + json.dumps(info))
+    return out
+
+
+SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
+                 threads=threads, set_budget=set_budget)
+
+if __name__ == "__main__":
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    torch.set_num_threads(1)
+    res = SCENARIOS[sys.argv[1]]()
+    print(json.dumps({"out": res, "dtr": json.loads(torch.ops.dtr.stats()) if DTR else None}))

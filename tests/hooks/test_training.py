@@ -1,0 +1,64 @@
+"""End-to-end: tiny models trained with fixed seeds plainly and under the preloaded dtr at
+decreasing budgets; losses, gradients and parameters must be bit-identical, the peak reserved
+memory must stay within the budget, and eviction/rematerialization must actually happen."""
+import json
+import os
+
+import pytest
+
+from conftest import HERE, PY, run
+
+TRAIN = os.path.join(HERE, "train.py")
+MODELS = ["mlp", "cnn", "transformer", "lstm", "treelstm", "unet"]
+# Fractions of the unconstrained run's peak *allocated* bytes (peak reserved includes the cache).
+# These tiny models are dominated by constants (parameters + gradients + momentum buffers are
+# 3x the parameters), so the smallest feasible budgets are 0.7-0.95 of the peak.
+FRACTIONS = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6]
+
+
+def train(tmp_path, model, tag, preload, **env):
+    r = run([PY, TRAIN, model], preload=preload, **env)
+    out = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+    return r, out
+
+
+def assert_identical(a, b):
+    for key in ("losses", "grads", "params"):
+        assert a[key] == b[key], key
+
+
+def stats_of(r):
+    return json.loads(r.stdout.strip().splitlines()[-1])["dtr"]
+
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bit_identical_under_budgets(tmp_path, model):
+    r, ref = train(tmp_path, model, "plain", preload=False)
+    assert r.returncode == 0, r.stderr
+    r, unl = train(tmp_path, model, "unlimited", preload=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_identical(ref, unl)
+    peak = stats_of(r)["peak_allocated_bytes"]
+    assert peak > 0
+    worked = []
+    for f in FRACTIONS:
+        budget = int(peak * f)
+        r, out = train(tmp_path, model, f"b{budget}", preload=True, DTR_BUDGET=budget)
+        if r.returncode != 0:
+            # An infeasible budget must fail cleanly with dtr's out-of-memory explanation.
+            assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+            assert "out of memory under DTR_BUDGET" in r.stderr, r.stderr[-3000:]
+            break
+        s = stats_of(r)
+        assert s["peak_reserved_bytes"] <= budget, s
+        assert_identical(ref, out)
+        worked.append((budget, s))
+    print(f"{model}: unconstrained peak allocated {peak} B; worked: "
+          + ", ".join(f"{b} B (evictions={s['evictions']}, remats={s['rematerializations']}, "
+                      f"eviction_calls={s['eviction_calls']})" for b, s in worked)
+          + (f"; smallest ratio {worked[-1][0] / peak:.2f}" if worked else ""))
+    assert worked, f"{model}: no budget below the unconstrained peak {peak} worked"
+    smallest = worked[-1][1]
+    assert smallest["evictions"] > 0 and smallest["rematerializations"] > 0, smallest
+    assert smallest["eviction_calls"] > 0, "the budget never forced the allocator to evict"
