@@ -23,6 +23,10 @@ static int (*real_pthread_create)(pthread_t*, const pthread_attr_t*, void* (*)(v
 static void (*thread_init)(void);
 static __thread int dlopen_depth;
 static volatile int state; /* 0: torch not seen yet, 1: active, 2: tried (failed or disabled) */
+/* Set by our constructor. Before it, the process is still running start-up initializers (a
+ * LibTorch program's libGLdispatch calls dlopen(NULL) from its own initializer): loading the
+ * integration from inside another library's initializer crashed, so start-up waits for it. */
+static volatile int constructed;
 
 static int find_torch(struct dl_phdr_info* info, size_t size, void* data) {
   (void)size;
@@ -65,7 +69,7 @@ __attribute__((visibility("default"))) void* dlopen(const char* file, int mode) 
   ++dlopen_depth;
   void* r = real_dlopen(file, mode);
   --dlopen_depth;
-  if (r != NULL && state == 0 && dlopen_depth == 0) maybe_activate();
+  if (r != NULL && state == 0 && dlopen_depth == 0 && constructed) maybe_activate();
   return r;
 }
 
@@ -96,4 +100,7 @@ __attribute__((visibility("default"))) int pthread_create(pthread_t* th, const p
   return r;
 }
 
-__attribute__((constructor)) static void dtr_shim_init(void) { maybe_activate(); }
+__attribute__((constructor)) static void dtr_shim_init(void) {
+  constructed = 1;
+  maybe_activate();
+}

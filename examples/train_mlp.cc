@@ -1,0 +1,28 @@
+// A plain LibTorch C++ training program with no dtr code in it: dtr applies when the program is
+// run under LD_PRELOAD=build/lib/libdtr.so with DTR_BUDGET set. Prints one line per step with
+// the loss in full precision, and a checksum of the parameters at the end, so runs with and
+// without dtr can be compared bit for bit (tests/hooks/test_cpp_example.py).
+#include <cstdio>
+
+#include <torch/torch.h>
+
+int main() {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                              torch::nn::ReLU(), torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                              torch::nn::Linear(256, 10));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 4; ++step) {
+    torch::Tensor x = torch::randn({128, 64});
+    torch::Tensor y = torch::randint(0, 10, {128});
+    optimizer.zero_grad();
+    torch::Tensor loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
+    loss.backward();
+    optimizer.step();
+    std::printf("step %d loss %.9g\n", step, loss.item<double>());
+  }
+  double checksum = 0;
+  for (const torch::Tensor& p : model->parameters()) checksum += p.sum().item<double>();
+  std::printf("param checksum %.17g\n", checksum);
+  return 0;
+}
