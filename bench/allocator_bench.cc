@@ -19,6 +19,7 @@
 #include "allocator/eviction_strategy.h"
 #include "allocator/fake_backend.h"
 #include "allocator/host_backend.h"
+#include "tests/allocator/fragmented_heap_eviction.h"
 
 namespace dtr::alloc {
 namespace {
@@ -177,88 +178,13 @@ void PrintFragmentation() {
 
 // Same scenario as tests/allocator/eviction_strategy_test.cc: a 400 MiB budget filled with
 // 1-4.5 MiB blocks, 40% freed at random, then 6 MiB requests with randomly scored victims.
-struct EvictionFigures {
-  size_t requests = 0, requested = 0, evicted = 0, beyond = 0, blocks = 0;
-};
-
-EvictionFigures MeasureEviction(std::unique_ptr<EvictionStrategy> strategy, uint64_t seed) {
-  FakeBackend backend;
-  AllocatorConfig config;
-  config.budget_bytes = 400 * kMiB;
-  config.shrink_segment_to_fit_budget = false;
-  auto allocator = std::move(*CachingAllocator::Create(config, &backend));
-  std::mt19937_64 rng(seed);
-  std::map<void*, double> scores;
-  std::vector<void*> blocks;
-  while (true) {
-    absl::StatusOr<void*> p = allocator->Allocate((1 + rng() % 8) * kMiB / 2 + kMiB / 2);
-    if (!p.ok()) break;
-    blocks.push_back(*p);
-  }
-  std::shuffle(blocks.begin(), blocks.end(), rng);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i < blocks.size() * 2 / 5) {
-      (void)allocator->Free(blocks[i]);
-    } else {
-      scores[blocks[i]] = double(rng() % 1000000);
-    }
-  }
-  size_t evicted_blocks = 0;
-  CandidateEvictionHandler::Callbacks callbacks;
-  callbacks.list_candidates = [&](const EvictionRequest&) {
-    std::vector<EvictionCandidate> candidates;
-    for (const auto& [ptr, score] : scores) candidates.push_back({ptr, score});
-    return candidates;
-  };
-  callbacks.evict = [&](const EvictionCandidate& c) {
-    if (scores.erase(c.ptr) == 0) return false;
-    ++evicted_blocks;
-    return allocator->Free(c.ptr).ok();
-  };
-  CandidateEvictionHandler handler(allocator.get(), std::move(strategy), callbacks);
-  allocator->SetEvictionHandler(&handler);
-  EvictionFigures f;
-  for (int i = 0; i < 40; ++i) {
-    const int64_t before = allocator->GetStats().eviction_bytes_freed;
-    const size_t blocks_before = evicted_blocks;
-    if (!allocator->Allocate(6 * kMiB).ok()) std::abort();
-    const size_t freed = size_t(allocator->GetStats().eviction_bytes_freed - before);
-    if (freed == 0) continue;
-    ++f.requests;
-    f.requested += 6 * kMiB;
-    f.evicted += freed;
-    f.beyond += freed > 6 * kMiB ? freed - 6 * kMiB : 0;
-    f.blocks += evicted_blocks - blocks_before;
-  }
-  return f;
-}
-
 void PrintEvictionComparison() {
-  for (int which = 0; which < 2; ++which) {
-    EvictionFigures total;
-    std::string name;
-    for (uint64_t seed = 1; seed <= 5; ++seed) {
-      std::unique_ptr<EvictionStrategy> strategy;
-      if (which == 0) {
-        strategy = std::make_unique<ScoreOrderEvictionStrategy>();
-      } else {
-        strategy = std::make_unique<FragmentationAwareEvictionStrategy>();
-      }
-      name = strategy->Name();
-      EvictionFigures f = MeasureEviction(std::move(strategy), seed);
-      total.requests += f.requests;
-      total.requested += f.requested;
-      total.evicted += f.evicted;
-      total.beyond += f.beyond;
-      total.blocks += f.blocks;
-    }
-    std::printf("eviction %-20s %zu requests needing eviction, requested %.1f MiB, evicted %.1f "
-                "MiB (%.2fx) in %zu blocks, evicted beyond request %.1f MiB (%.2f MiB/request)\n",
-                name.c_str(), total.requests, total.requested / double(kMiB),
-                total.evicted / double(kMiB), double(total.evicted) / double(total.requested),
-                total.blocks, total.beyond / double(kMiB),
-                total.beyond / double(kMiB) / double(std::max<size_t>(total.requests, 1)));
+  testing::EvictionMeasurement simple, aware;
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    simple += testing::MeasureOnFragmentedHeap(std::make_unique<ScoreOrderEvictionStrategy>(), seed);
+    aware += testing::MeasureOnFragmentedHeap(std::make_unique<FragmentationAwareEvictionStrategy>(), seed);
   }
+  std::printf("%s\n%s\n", simple.ToString("score-order").c_str(), aware.ToString("fragmentation-aware").c_str());
 }
 
 }  // namespace

@@ -68,6 +68,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/eviction_handler.h"
+#include "allocator/eviction_strategy.h"
 #include "allocator/host_backend.h"
 #include "hooks/env_config.h"
 #include "runtime/bytes.h"
@@ -845,29 +846,30 @@ alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
     l.lock();
   }
   Busy b(this);
-  for (int round = 0; round < 100000; ++round) {
-    if (alloc_->CanSatisfy(request)) {
-      res.satisfied = true;
-      break;
-    }
-    std::vector<Runtime::Candidate> cands = rt_->RankedCandidates(32);
-    if (cands.empty()) break;
-    const Runtime::Candidate* pick = nullptr;
-    for (const auto& c : cands) {
+  // The runtime ranks its lowest-scored storages; the allocator's fragmentation-aware strategy
+  // picks among them (a single victim whose freed block fits, else by score), re-ranking per batch.
+  static const alloc::FragmentationAwareEvictionStrategy strategy;
+  while (!alloc_->CanSatisfy(request)) {
+    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
+    std::vector<alloc::EvictionCandidate> candidates;
+    absl::flat_hash_map<void*, StorageId> storage_at;
+    for (const Runtime::Candidate& c : ranked) {
       Entry* e = reinterpret_cast<Entry*>(c.handle);
       if (e == nullptr) e = FindEntry(c.id);
-      if (e && e->slot && e->slot->mem && alloc_->WouldSatisfyIfFreed(e->slot->mem, request)) {
-        pick = &c;
-        break;
-      }
+      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr) continue;
+      candidates.push_back({e->slot->mem, c.score});
+      storage_at[e->slot->mem] = c.id;
     }
-    if (pick == nullptr) pick = &cands.front();
-    uint64_t sz = pick->size;
-    absl::Status s = rt_->Evict(pick->id);
-    if (!s.ok()) break;
-    res.bytes_freed += sz;
-    res.blocks_freed += 1;
+    if (candidates.empty()) break;
+    alloc::EvictionResult round = strategy.Evict(*alloc_, request, std::move(candidates),
+                                                 [&](const alloc::EvictionCandidate& c) {
+                                                   return rt_->Evict(storage_at.at(c.ptr)).ok();
+                                                 });
+    res.bytes_freed += round.bytes_freed;
+    res.blocks_freed += round.blocks_freed;
+    if (round.blocks_freed == 0) break;
   }
+  res.satisfied = alloc_->CanSatisfy(request);
   res.pinned_bytes = rt_->UnevictableBytes();
   return res;
 }

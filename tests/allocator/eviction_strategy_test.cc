@@ -13,6 +13,7 @@
 #include "allocator/fake_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/allocator/fragmented_heap_eviction.h"
 #include "tests/allocator/test_util.h"
 
 namespace dtr::alloc {
@@ -161,94 +162,21 @@ TEST(CandidateEvictionHandlerTest, PinnedBytesAppearInTheOutOfMemoryReport) {
   DTR_EXPECT_OK(heap.allocator->CheckInvariants());
 }
 
-// --- Measured comparison on a fragmented heap ---
-
-struct EvictionMeasurement {
-  size_t requests = 0;
-  size_t requested_bytes = 0;  // rounded sizes of requests that needed eviction
-  size_t evicted_bytes = 0;
-  size_t beyond_request = 0;  // sum over requests of max(0, evicted - requested)
-  size_t evicted_blocks = 0;
-  size_t failures = 0;
-};
-
-// Fills a 400 MiB budget with 1-4 MiB blocks, frees 40% at random (fragmenting the segments), then
-// issues 6 MiB requests that must evict; victims have random scores (heuristics do not know the
-// layout). Identical for both strategies (same seed).
-EvictionMeasurement MeasureOnFragmentedHeap(std::unique_ptr<EvictionStrategy> strategy,
-                                            uint64_t seed) {
-  FakeBackend backend;
-  AllocatorConfig config = BudgetConfig(400 * kMiB);
-  config.shrink_segment_to_fit_budget = false;
-  auto allocator = MakeAllocator(config, &backend);
-  std::mt19937_64 rng(seed);
-  ToyRuntime runtime(allocator.get());
-  std::vector<void*> blocks;
-  while (true) {
-    absl::StatusOr<void*> p = allocator->Allocate((1 + rng() % 8) * kMiB / 2 + kMiB / 2);
-    if (!p.ok()) break;
-    blocks.push_back(*p);
-  }
-  std::shuffle(blocks.begin(), blocks.end(), rng);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i < blocks.size() * 2 / 5) {
-      EXPECT_TRUE(allocator->Free(blocks[i]).ok());
-    } else {
-      runtime.scores[blocks[i]] = double(rng() % 1000000);
-    }
-  }
-  CandidateEvictionHandler handler(allocator.get(), std::move(strategy), runtime.Callbacks());
-  allocator->SetEvictionHandler(&handler);
-  EvictionMeasurement m;
-  for (int i = 0; i < 40; ++i) {
-    const size_t request = 6 * kMiB;
-    const int64_t freed_before = allocator->GetStats().eviction_bytes_freed;
-    const size_t blocks_before = runtime.eviction_order.size();
-    absl::StatusOr<void*> p = allocator->Allocate(request);
-    if (!p.ok()) {
-      ++m.failures;
-      continue;
-    }
-    const size_t freed = size_t(allocator->GetStats().eviction_bytes_freed - freed_before);
-    if (freed > 0) {
-      ++m.requests;
-      m.requested_bytes += request;
-      m.evicted_bytes += freed;
-      m.beyond_request += freed > request ? freed - request : 0;
-      m.evicted_blocks += runtime.eviction_order.size() - blocks_before;
-    }
-    EXPECT_TRUE(allocator->CheckInvariants().ok());
-  }
-  return m;
-}
+// --- Measured comparison on a fragmented heap (shared with bench/allocator_bench) ---
 
 TEST(EvictionComparisonTest, FragmentationAwareEvictsLessBeyondTheRequest) {
+  using ::dtr::alloc::testing::EvictionMeasurement;
+  using ::dtr::alloc::testing::MeasureOnFragmentedHeap;
   EvictionMeasurement simple_total, aware_total;
   for (uint64_t seed = 1; seed <= 5; ++seed) {
-    EvictionMeasurement simple =
-        MeasureOnFragmentedHeap(std::make_unique<ScoreOrderEvictionStrategy>(), seed);
-    EvictionMeasurement aware =
-        MeasureOnFragmentedHeap(std::make_unique<FragmentationAwareEvictionStrategy>(), seed);
-    for (auto [total, one] : {std::pair{&simple_total, &simple}, std::pair{&aware_total, &aware}}) {
-      total->requests += one->requests;
-      total->requested_bytes += one->requested_bytes;
-      total->evicted_bytes += one->evicted_bytes;
-      total->beyond_request += one->beyond_request;
-      total->evicted_blocks += one->evicted_blocks;
-      total->failures += one->failures;
-    }
+    simple_total += MeasureOnFragmentedHeap(std::make_unique<ScoreOrderEvictionStrategy>(), seed);
+    aware_total += MeasureOnFragmentedHeap(std::make_unique<FragmentationAwareEvictionStrategy>(), seed);
   }
-  for (auto [name, m] : {std::pair{"score-order", &simple_total},
-                         std::pair{"fragmentation-aware", &aware_total}}) {
-    std::printf("%-20s requests needing eviction %3zu, requested %6.1f MiB, evicted %7.1f MiB "
-                "(%.2fx) in %4zu blocks, beyond request %7.1f MiB, failures %zu\n",
-                name, m->requests, m->requested_bytes / double(kMiB),
-                m->evicted_bytes / double(kMiB),
-                m->requested_bytes ? double(m->evicted_bytes) / double(m->requested_bytes) : 0.0,
-                m->evicted_blocks, m->beyond_request / double(kMiB), m->failures);
-  }
+  std::printf("%s\n%s\n", simple_total.ToString("score-order").c_str(),
+              aware_total.ToString("fragmentation-aware").c_str());
   ASSERT_GT(simple_total.requests, 0u);
   ASSERT_GT(aware_total.requests, 0u);
+  EXPECT_EQ(simple_total.errors + aware_total.errors, 0u);
   EXPECT_EQ(simple_total.failures, 0u);
   EXPECT_EQ(aware_total.failures, 0u);
   EXPECT_LT(aware_total.evicted_bytes, simple_total.evicted_bytes);
