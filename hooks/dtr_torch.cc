@@ -131,8 +131,12 @@ struct TensorMeta {
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
+  // A Python scalar operand (`int_tensor * 0.5`) arrives as a wrapped-number tensor, which type
+  // promotion treats as a scalar (default dtype) instead of a double tensor: replays keep the flag.
+  bool wrapped_number = false;
   static TensorMeta Of(const at::Tensor& t) {
     TensorMeta m;
+    m.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
     m.sizes = t.sizes().vec();
     m.strides = t.strides().vec();
     m.offset = t.storage_offset();
@@ -172,6 +176,10 @@ struct ReplayRecord {
   int gen_arg = -1;
   c10::optional<at::Generator> gen;          // pristine clone for Generator? args
   c10::optional<at::Generator> default_gen;  // pristine default generator state (seeded ops)
+  // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
+  // produce (factories without dtype, int tensor * float scalar, ...). A replay runs under the
+  // default dtype that was current when the op first ran.
+  caffe2::TypeMeta default_dtype = c10::get_default_dtype();
   explicit ReplayRecord(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -246,7 +254,9 @@ struct GenMark {
   }
 };
 
-OpInfo Classify(const c10::FunctionSchema& schema) {
+// `record_empty` is the debug switch for design rule 4 (never record empty* outputs: their
+// contents are whatever the program writes next, possibly outside the dispatcher).
+OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty) {
   OpInfo info;
   info.name = schema.name();
   if (!schema.overload_name().empty()) info.name += "." + schema.overload_name();
@@ -282,8 +292,9 @@ OpInfo Classify(const c10::FunctionSchema& schema) {
                                  "aten::_local_scalar_dense", "aten::lift", "aten::lift_fresh",
                                  "aten::_resize_output_", "aten::detach_", "aten::requires_grad_",
                                  "aten::retain_grad", "aten::_coalesced_", "aten::set_data"};
-  bool never = StartsWith(n, "aten::empty") || StartsWith(n, "aten::new_empty") ||
-               StartsWith(n, "aten::_empty") || StartsWith(n, "aten::_foreach_") ||
+  const bool empty_family =
+      StartsWith(n, "aten::empty") || StartsWith(n, "aten::new_empty") || StartsWith(n, "aten::_empty");
+  bool never = (empty_family && !record_empty) || StartsWith(n, "aten::_foreach_") ||
                n.find("profiler") != std::string::npos || n.find("record_function") != std::string::npos;
   for (const char* k : kNever)
     if (n == k) never = true;
@@ -546,6 +557,24 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   std::vector<Entry*> deaths_;
   int busy_ = 0;
   uint64_t ops_seen_ = 0;
+  uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)
+  // Note [Where the time goes]: for benchmarks and users tuning overhead. search_ns_ is all time
+  // in MakeRoom (choosing and evicting victims). Inside the fallback, hook_ns_ is the wall time of
+  // managed ops, exec_ns_ the ops' own execution (first runs, eviction excluded), and the search
+  // and rematerialization time spent inside the fallback is subtracted too; what remains is dtr's
+  // bookkeeping (classification, recording, pinning, tracing). Recorded op costs exclude eviction.
+  double search_ns_ = 0, hook_ns_ = 0, exec_ns_ = 0, hook_search_ns_ = 0, hook_remat_ns_ = 0;
+  struct HookClock {
+    explicit HookClock(Engine* e)
+        : e_(e), t0_(NowNs()), search0_(e->search_ns_), remat0_(e->rt_->stats().remat_cost) {}
+    ~HookClock() {
+      e_->hook_ns_ += NowNs() - t0_;
+      e_->hook_search_ns_ += e_->search_ns_ - search0_;
+      e_->hook_remat_ns_ += e_->rt_->stats().remat_cost - remat0_;
+    }
+    Engine* e_;
+    double t0_, search0_, remat0_;
+  };
   int next_trace_id_ = 0;
   std::ofstream trace_;
   uint64_t oom_count_ = 0;
@@ -748,6 +777,7 @@ at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const Te
                                                     c10::scalarTypeToTypeMeta(m.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
   t.unsafeGetTensorImpl()->set_storage_offset(m.offset);
+  if (m.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;
 }
 
@@ -793,6 +823,16 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     def.set_state(rr.default_gen->get_state());
   }
   torch::jit::Stack stack(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+  // Note [Global state a replay depends on]
+  struct DefaultDtypeGuard {
+    caffe2::TypeMeta saved = c10::get_default_dtype();
+    explicit DefaultDtypeGuard(caffe2::TypeMeta recorded) {
+      if (recorded != saved) c10::set_default_dtype(recorded);
+    }
+    ~DefaultDtypeGuard() {
+      if (c10::get_default_dtype() != saved) c10::set_default_dtype(saved);
+    }
+  } default_dtype_guard(cfg_.rule_enabled(6) ? rr.default_dtype : c10::get_default_dtype());
   double t0 = NowNs();
   try {
     rr.op.callBoxed(&stack);
@@ -818,11 +858,26 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     if (!keep[i]) continue;
     const OutputSpec& os = rr.outputs[i];
     at::Tensor out = GetAt(stack, 0, os.path);
+    // Rule 5: views and autograd's saved tensors read the restored storage with the recorded
+    // layout, so the replay must reproduce it before its memory is swapped in. A kernel may pick
+    // its output layout from things other than its inputs (thread count, backend heuristics):
+    // then the values are copied into the recorded layout. A different dtype or shape means the
+    // op is not a function of what was recorded: refuse rather than restore wrong contents.
+    if (cfg_.rule_enabled(5) && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
+                                 !IsOurs(out.storage().data_ptr()))) {
+      if (out.scalar_type() != os.meta.dtype || out.sizes().vec() != os.meta.sizes)
+        return absl::InternalError(absl::StrCat(
+            "dtr: replay of ", oprec.name, " output ", i, " produced ", c10::toString(out.scalar_type()),
+            c10::str(out.sizes()), " where ", c10::toString(os.meta.dtype), c10::str(c10::IntArrayRef(os.meta.sizes)),
+            " was recorded; the op depends on state dtr does not record, so it cannot be rematerialized"));
+      at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte));
+      at::Tensor laid_out = at::empty({0}, out.options()).set_(bytes.storage(), os.meta.offset, os.meta.sizes,
+                                                                os.meta.strides);
+      laid_out.copy_(out);
+      out = laid_out;
+      ++relayouts_;
+    }
     c10::StorageImpl* oimpl = out.storage().unsafeGetStorageImpl();
-    // Rule 5: the replay must reproduce the original layout before its memory is swapped in.
-    if (cfg_.rule_enabled(5) && (!os.meta.Matches(out) || oimpl->nbytes() != os.nbytes || !IsOurs(oimpl->data_ptr())))
-      return absl::InternalError(absl::StrCat("dtr: replay of ", oprec.name, " output ", i,
-                                              " does not reproduce the recorded sizes/strides/offset/dtype"));
     Entry* e = FindEntry(oprec.outputs[i]);
     if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
     c10::intrusive_ptr<c10::StorageImpl> target = e->impl();
@@ -846,6 +901,12 @@ alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
     l.lock();
   }
   Busy b(this);
+  const double search_t0 = NowNs();
+  struct AddElapsed {
+    double* into;
+    double t0;
+    ~AddElapsed() { *into += NowNs() - t0; }
+  } add_search{&search_ns_, search_t0};
   // The runtime ranks its lowest-scored storages; the allocator's fragmentation-aware strategy
   // picks among them (a single victim whose freed block fits, else by score), re-ranking per batch.
   static const alloc::FragmentationAwareEvictionStrategy strategy;
@@ -878,13 +939,21 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Fake);
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   auto pass = [&] { op.redispatchBoxed(after, stack); };
+  // Runs the op; returns its cost, excluding time spent evicting for its allocations.
+  auto timed_pass = [&]() -> double {
+    const double t0 = NowNs(), search0 = search_ns_;
+    pass();
+    const double cost = NowNs() - t0 - (search_ns_ - search0);
+    exec_ns_ += cost;
+    return cost;
+  };
   if (at::in_parallel_region()) return pass();
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
   std::lock_guard<std::recursive_mutex> l(mu_);
   auto it = infos_.find(&schema);
-  if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema)).first;
+  if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
   const OpInfo& info = it->second;
   if (info.kind == Kind::kPassthrough) return pass();
 
@@ -898,6 +967,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (unmanaged) return pass();
 
   Busy busy(this);
+  HookClock hook_clock(this);
   if (++ops_seen_ % 4096 == 0) Sweep();
 
   // Input storages (registering unknown ones as constants).
@@ -908,11 +978,22 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Note [Hidden mutation in native_batch_norm]: 1.13's schema does not mark running_mean and
   // running_var (args 3, 4) as written, yet training mode updates them in place. Their values do
   // not affect the outputs in training mode, so the op is recorded without them: replays pass
-  // None (no update) and the real run's update is invisible to the recipes.
+  // None (no update). The real run's update is a mutation the runtime must see, though: the
+  // buffers (made by zeros()/ones() and zero_()/fill_(), so they have recipes) would otherwise be
+  // evictable and be rematerialized to their initial values, or read unmaterialized by the
+  // kernel. So they go through Runtime::Mutate first (not replayable): resident constants from
+  // then on, and readers of the old statistics (an eval-mode batch norm) are detached.
   const bool bn_training = info.name == "aten::native_batch_norm" && (*stack)[base + 5].isBool() &&
                            (*stack)[base + 5].toBool();
+  std::vector<StorageId> running_stats;
+  std::vector<Entry*> running_stat_entries;
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
-    if (bn_training && (p.index == 3 || p.index == 4)) return;
+    if (bn_training && (p.index == 3 || p.index == 4)) {
+      Entry* e = EntryOf(t, true);
+      running_stats.push_back(e->sid);
+      running_stat_entries.push_back(e);
+      return;
+    }
     Entry* e = EntryOf(t, true);
     TensorArg ta{p, e->sid, TensorMeta::Of(t), optl};
     targs.push_back(std::move(ta));
@@ -930,6 +1011,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return s;
   };
 
+  if (!running_stats.empty() && cfg_.rule_enabled(1)) {
+    Runtime::MutateCall mc{"aten::native_batch_norm(running stats)", {}, running_stats, false, 0};
+    Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), info.name.c_str());
+    std::string stats;
+    for (Entry* e : running_stat_entries) absl::StrAppend(&stats, " ", TName(e));
+    TraceLine(absl::StrCat("mutate aten::native_batch_norm(running_stats) 0", stats, " ->", stats));
+  }
+
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
     ReplayRecord* rr = nullptr;
@@ -943,16 +1032,15 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     double cost = 0;
     std::exception_ptr err;
     Runtime::MutateCall mc{info.name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
+    mc.invalidate_readers = cfg_.rule_enabled(2);
     uint64_t serial0 = g_serial.load();
     absl::Status s = rt_->Mutate(mc, [&]() -> absl::StatusOr<double> {
-      double t0 = NowNs();
       try {
-        pass();
+        cost = timed_pass();
       } catch (...) {
         err = std::current_exception();
         return absl::InternalError("op threw");
       }
-      cost = NowNs() - t0;
       return cost;
     });
     if (!s.ok() || err) {
@@ -999,9 +1087,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
-    double t0 = NowNs();
-    pass();
-    double cost = NowNs() - t0;
+    double cost = timed_pass();
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
@@ -1036,14 +1122,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const bool watch_rng = info.gen_arg < 0 && !info.seeded_no_gen && cfg_.rule_enabled(6);
   GenMark mark0;
   if (watch_rng) mark0 = GenMark::Now();
-  double t0 = NowNs();
+  double cost;
   try {
-    pass();
+    cost = timed_pass();
   } catch (...) {
     delete rr;
     throw;
   }
-  double cost = NowNs() - t0;
   if (watch_rng && !(GenMark::Now() == mark0)) {
     // Note [Random ops without a Generator argument]: this op drew from the default generator
     // although we did not know it was random. Its outputs cannot be replayed exactly: keep them
@@ -1128,7 +1213,9 @@ std::string Engine::StatsJson() {
       ",\"rematerializations\":", rs.rematerializations, ",\"replays\":", rs.replays,
       ",\"remat_seconds\":", rs.remat_cost * 1e-9, ",\"base_seconds\":", rs.base_cost * 1e-9,
       ",\"ops_recorded\":", rs.ops_recorded, ",\"constants\":", rs.constants, ",\"detached\":", rs.detached,
-      ",\"eviction_calls\":", as.num_eviction_calls, ",\"ooms\":", as.num_ooms,
+      ",\"op_seconds\":", exec_ns_ * 1e-9, ",\"search_seconds\":", search_ns_ * 1e-9,
+      ",\"bookkeeping_seconds\":", std::max(0.0, hook_ns_ - exec_ns_ - hook_search_ns_ - hook_remat_ns_) * 1e-9,
+      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.num_eviction_calls, ",\"ooms\":", as.num_ooms,
       ",\"runtime\":", rs.ToJson(), "}");
 }
 

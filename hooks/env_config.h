@@ -16,13 +16,16 @@
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
-//                        (which also applies rule 2: readers are detached/frozen first)
-//                     4  outputs aliasing an input / pre-existing storage are never recorded
+//                     2  before a mutation, readers of the mutated storage are brought back and
+//                        detached (Runtime::MutateCall::invalidate_readers)
+//                     4  empty* outputs, outputs aliasing an input or a pre-existing storage are
+//                        never recorded
 //                     5  a replay must reproduce sizes/strides/offset/dtype before swapping in
-//                     6  random ops replay from a cloned generator / saved default state,
-//                        and ops that consume the default generator unexpectedly are not recorded
-//                   (2 and 3 are enforced structurally: 2 inside Runtime::Mutate, 3 because only
-//                   storages our allocator produced ever get a recipe.)
+//                        (a different layout is copied into the recorded one)
+//                     6  global state a replay depends on: random ops replay from a cloned
+//                        generator / saved default state, ops that consume the default generator
+//                        unexpectedly are not recorded, the default dtype is the recorded one
+//                   (3 is structural: only storages our allocator produced ever get a recipe.)
 //   DTR_LIB         ignored by the library (used by the test-suite to locate it)
 // Any other DTR_* variable is an error (typos must not silently run without a budget).
 #ifndef DTR_HOOKS_ENV_CONFIG_H_

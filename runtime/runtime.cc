@@ -232,7 +232,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   for (StorageId m : call.mutated)
     if (!ContainsValue(mutated, m)) mutated.push_back(m);
   // Note [Mutation]: nothing may replay against the old contents any more.
-  if (absl::Status s = InvalidateReaders(mutated); !s.ok()) {
+  if (absl::Status s = call.invalidate_readers ? InvalidateReaders(mutated) : absl::OkStatus(); !s.ok()) {
     unlock_inputs();
     return s;
   }

@@ -60,6 +60,9 @@ class Runtime {
     absl::Span<const StorageId> mutated;  // storages written in place
     bool replayable = true;
     uint64_t handle = 0;
+    // Debug only, for tests that show Note [Mutation] is needed (design rule 2): false skips
+    // detaching the readers of the mutated storages, so their replays read the new contents.
+    bool invalidate_readers = true;
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).

@@ -8,6 +8,8 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   # LibTorch 1.13 (CPU) and its Python binding for /usr/bin/python3: used by hooks/ and tests/hooks.
   libtorch-dev python3-torch python3-pytest python3-numpy
+  # Plots of the benchmark results (bench/sweep.py).
+  python3-matplotlib
 )
 
 missing=()

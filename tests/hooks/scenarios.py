@@ -173,8 +173,108 @@ def set_budget():
     return out
 
 
+def raw_writes():
+    """An empty() buffer filled outside the dispatcher (through numpy), as data loaders do (rule 4)."""
+    import numpy as np
+    buf = torch.empty(64, 64)
+    buf.numpy()[:] = np.random.RandomState(5).rand(64, 64)
+    y = buf * 2
+    evict_all()
+    junk = [torch.full((64, 64), 7.0) for _ in range(4)]  # reuses freed blocks
+    return {"buf": dg(buf), "y": dg(y), "sum": dg(buf + 1), "junk": dg(junk[0])}
+
+
+def layout():
+    """A kernel whose output layout is not a function of its inputs, as with backend heuristics
+    (rule 5): every second call of aten::neg returns the same values in column-major layout."""
+    lib = torch.library.Library("aten", "IMPL")
+    calls = [0]
+
+    def neg(x):
+        calls[0] += 1
+        r = torch.mul(x, -1)
+        if calls[0] % 2 == 0 and r.dim() == 2:
+            r = r.t().contiguous().t()
+        return r
+
+    lib.impl("neg", neg, "CPU")
+    torch.manual_seed(6)
+    x = torch.randn(64, 32).exp()
+    y = -x
+    z = y[:, :16]
+    evict_all()
+    out = {"y": dg(y), "z": dg(z), "ysum": dg(y.sum(0))}
+    del lib
+    return out
+
+
+def default_dtype():
+    """torch.set_default_dtype between an op and its replay (Note [Global state a replay depends on])."""
+    i = torch.arange(64 * 64).reshape(64, 64)
+    a = i * 0.5                 # int tensor * float scalar: the default dtype
+    b = torch.ones(64, 64) * 3  # a factory without dtype
+    torch.set_default_dtype(torch.float64)
+    evict_all()
+    out = {"a": dg(a), "b": dg(b), "c": dg(torch.ones(2) * a[0, :2])}
+    torch.set_default_dtype(torch.float32)
+    return out
+
+
+def train_threads():
+    """Two models trained at the same time on two Python threads, sharing the budget: one thread's
+    allocations evict the other's activations, which that thread then rematerializes."""
+    import models
+    jobs = {}
+    for name in ("mlp", "cnn"):
+        m, batches, loss_fn = models.MODELS[name]()  # built here: construction draws from the global RNG
+        jobs[name] = (m, batches * 2, loss_fn, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+    out = {}
+
+    def train(name):
+        m, batches, loss_fn, opt = jobs[name]
+        losses = []
+        try:
+            for b in batches:
+                opt.zero_grad()
+                loss = loss_fn(m, b)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            out[name] = {"losses": losses, "params": [dg(p) for p in m.parameters()]}
+        except Exception as ex:  # noqa: BLE001  (reported in the output, compared by the test)
+            import traceback
+            out[name] = {"error": f"{type(ex).__name__}: {ex}"[:3000], "where": traceback.format_exc()[-1500:]}
+
+    threads = [threading.Thread(target=train, args=(n,)) for n in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def batchnorm_stats():
+    """Batch norm updates its running statistics in place without saying so in its 1.13 schema
+    (Note [Hidden mutation in native_batch_norm]); eval mode then reads them."""
+    import models
+    m, batches, loss_fn = models.cnn()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    for b in batches[:2]:
+        opt.zero_grad()
+        loss_fn(m, b).backward()
+        opt.step()
+        evict_all()
+    m.eval()
+    with torch.no_grad():
+        y = m(batches[2][0])
+    evict_all()
+    return {"eval_out": dg(y), "buffers": [dg(b) for b in m.buffers()]}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
-                 threads=threads, set_budget=set_budget)
+                 threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
+                 default_dtype=default_dtype, train_threads=train_threads,
+                 batchnorm_stats=batchnorm_stats)
 
 if __name__ == "__main__":
     import os

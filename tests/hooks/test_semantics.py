@@ -29,7 +29,8 @@ def plain(name):
     return _plain[name]
 
 
-@pytest.mark.parametrize("name", ["rng", "views_inplace", "multi_output", "leaving", "threads", "set_budget"])
+@pytest.mark.parametrize("name", ["rng", "views_inplace", "multi_output", "leaving", "threads", "set_budget",
+                                  "raw_writes", "layout", "default_dtype", "batchnorm_stats"])
 def test_scenario_bit_identical_with_evictions(name):
     res, r = scenario(name, True)
     assert res["out"] == plain(name)
@@ -44,12 +45,31 @@ def test_scenario_bit_identical_with_evictions(name):
     # Rule 1 (mutations go through Runtime::Mutate, which applies rule 2): in-place ops through
     # views, out= variants, _foreach_*_ and copy_.
     ("1", "views_inplace", ["y", "z"]),
+    # ... and batch norm's undeclared in-place update of its running statistics: evicted, they
+    # would come back as their initial values and eval mode would read those.
+    ("1", "batchnorm_stats", ["eval_out", "buffers"]),
+    # Rule 2 (readers of a mutated storage are detached first): z = y.t().contiguous() read y
+    # before y.mul_(0.5); replayed afterwards it would read the halved values.
+    ("2", "views_inplace", ["z"]),
+    # Rule 4 (never record empty*): a buffer filled through numpy would replay as garbage.
+    ("4", "raw_writes", ["buf", "sum"]),
+    # Rule 5 (replays must reproduce the layout): a kernel that picks another layout on replay.
+    ("5", "layout", ["y", "z", "ysum"]),
 ])
 def test_rule_is_needed(rule, name, must_differ):
     res, _ = scenario(name, True, DTR_DEBUG_DISABLE_RULES=rule)
     wrong = [k for k in plain(name) if plain(name)[k] != res["out"].get(k)]
     for k in must_differ:
         assert k in wrong, (rule, wrong)
+
+
+def test_default_dtype_is_replayed():
+    """Rule 6 also covers the default dtype: torch.set_default_dtype between an op and its replay.
+    Without it rule 5 turns the wrong replay into a loud error; without both, results are wrong."""
+    r = run([PY, SCEN, "default_dtype"], preload=True, DTR_DEBUG_DISABLE_RULES="6")
+    assert r.returncode != 0 and "cannot be rematerialized" in r.stderr, r.stderr[-2000:]
+    res, _ = scenario("default_dtype", True, DTR_DEBUG_DISABLE_RULES="5,6")
+    assert res["out"]["b"] != plain("default_dtype")["b"]
 
 
 def test_rng_rule_needed_for_cnn_training():
@@ -118,3 +138,23 @@ def test_numpy_tolist_of_evicted_tensors():
     assert a.returncode == 0 and b.returncode == 0, b.stderr[-2000:]
     assert a.stdout.splitlines()[0] == b.stdout.splitlines()[0]
     assert b.stdout.splitlines()[1] in ("TOLIST ok", "TOLIST tolist() shouldn't be called on a tensor with unallocated storage")
+
+
+def test_two_training_threads_share_a_budget():
+    """Two models train concurrently on Python threads under one budget; each thread's losses and
+    parameters equal the plain run's whatever the interleaving. The budget is 0.92 of the sum of
+    the two models' solo peaks: when both peak together (the interleaving decides) that is still
+    above the sum of their solo minimum budgets, and usually below the pair's joint peak."""
+    ref = plain("train_threads")
+    solo = [json.loads(run([PY, TRAIN, m], preload=True).stdout.strip().splitlines()[-1])["dtr"]
+            ["peak_allocated_bytes"] for m in ("mlp", "cnn")]
+    budget = int(sum(solo) * 0.92)
+    evictions = remats = 0
+    for _ in range(4):
+        res, _ = scenario("train_threads", True, DTR_BUDGET=budget)
+        assert res["out"] == ref, json.dumps({k: v for k, v in res["out"].items() if "error" in v})[:4000]
+        st = res["dtr"]
+        assert st["peak_reserved_bytes"] <= budget, st
+        evictions += st["evictions"]
+        remats += st["rematerializations"]
+    assert evictions > 0 and remats > 0, (evictions, remats)
