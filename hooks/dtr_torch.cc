@@ -585,9 +585,12 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) DTR_ALLOC_CONST {
   absl::StatusOr<void*> p = alloc_->Allocate(n + kHeader);
   if (!p.ok()) {
     std::string pinned;
-    if (g_engine) pinned = absl::StrCat(" dtr could not evict enough: ", FormatBytes(g_engine->PinnedBytes()),
-                                        " are pinned/constant/in use by the running op (", g_engine->Breakdown(),
-                                        ").");
+    if (g_engine && !g_engine->cfg().evict)
+      pinned = absl::StrCat(" Eviction is off (DTR_EVICT=0), so the budget is a plain cap (",
+                            g_engine->Breakdown(), ").");
+    else if (g_engine)
+      pinned = absl::StrCat(" dtr could not evict enough: ", FormatBytes(g_engine->PinnedBytes()),
+                            " are pinned/constant/in use by the running op (", g_engine->Breakdown(), ").");
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: out of memory under DTR_BUDGET: cannot allocate ",
                      FormatBytes(n), ".", pinned, " Allocator report: ", p.status().message());
   }

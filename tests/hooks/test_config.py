@@ -42,6 +42,7 @@ def test_budget_without_eviction_fails_where_dtr_succeeds():
     budget = str(int(peak * 0.8))
     no_evict = run([PY, TRAIN, "transformer"], preload=True, DTR_BUDGET=budget, DTR_EVICT="0")
     assert no_evict.returncode == 1 and "OutOfMemoryError" in no_evict.stderr, no_evict.stderr[-2000:]
+    assert "Eviction is off (DTR_EVICT=0)" in no_evict.stderr, no_evict.stderr[-2000:]
     with_dtr = run([PY, TRAIN, "transformer"], preload=True, DTR_BUDGET=budget)
     assert with_dtr.returncode == 0, with_dtr.stderr[-2000:]
     result = json.loads(with_dtr.stdout.strip().splitlines()[-1])
