@@ -1,0 +1,47 @@
+// CpuAllocatorAdapter: the c10::Allocator dtr installs as torch's CPU allocator. Every tensor's
+// memory comes from dtr's caching allocator (which enforces DTR_BUDGET and asks the engine to
+// evict when a request does not fit), behind a Slot header (Note [Slots and tombstones]).
+// CpuAllocatorConfig sizes that allocator for host memory (Note [CPU allocator granularity]).
+#ifndef DTR_HOOKS_CPU_ALLOCATOR_ADAPTER_H_
+#define DTR_HOOKS_CPU_ALLOCATOR_ADAPTER_H_
+
+#include <cstddef>
+
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#include "allocator/allocator_config.h"
+#include "allocator/caching_allocator.h"
+#include "hooks/env_config.h"
+#include "hooks/storage_slots.h"
+
+// c10::Allocator::allocate is const in LibTorch 1.13 and not in 2.11 (which also adds the pure
+// virtual copy_data); the guards below draw the line at major version 2.
+#if TORCH_VERSION_MAJOR >= 2
+#define DTR_ALLOC_CONST
+#else
+#define DTR_ALLOC_CONST const
+#endif
+
+namespace dtr::hooks {
+
+class CpuAllocatorAdapter final : public c10::Allocator {
+ public:
+  explicit CpuAllocatorAdapter(alloc::CachingAllocator* a) : alloc_(a) {}
+  // Raises torch's OutOfMemoryError, with g_engine's accounting, when the allocator cannot serve.
+  c10::DataPtr allocate(size_t n) DTR_ALLOC_CONST override;
+  c10::DeleterFnPtr raw_deleter() const override { return &DataDeleter; }
+#if TORCH_VERSION_MAJOR >= 2
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+  alloc::CachingAllocator* alloc_;
+};
+
+// The caching allocator's configuration for host memory under `cfg`'s budget.
+alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg);
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_CPU_ALLOCATOR_ADAPTER_H_

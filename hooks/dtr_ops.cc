@@ -1,0 +1,47 @@
+// The custom ops torch.ops.dtr.* (see dtr_ops.h).
+#include "hooks/dtr_ops.h"
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include "hooks/engine.h"
+
+namespace dtr::hooks {
+namespace {
+
+std::string OpStats() { return g_engine ? g_engine->StatsJson() : std::string("{}"); }
+void OpResetPeak() {
+  if (g_engine) g_engine->ResetPeak();
+}
+bool OpActive() { return g_engine != nullptr; }
+void OpSetBudget(int64_t bytes) {
+  TORCH_CHECK(g_engine != nullptr, "dtr is not active");
+  g_engine->SetBudget(bytes);
+}
+int64_t OpBudget() { return g_engine ? g_engine->Budget() : -1; }
+void OpPin(const at::Tensor& t) {
+  if (g_engine) g_engine->PinTensor(t, true);
+}
+void OpUnpin(const at::Tensor& t) {
+  if (g_engine) g_engine->PinTensor(t, false);
+}
+
+torch::Library* g_def_lib = nullptr;
+
+}  // namespace
+
+void RegisterDtrOps() {
+  g_def_lib = new torch::Library(torch::Library::DEF, "dtr", c10::nullopt, __FILE__, __LINE__);
+  g_def_lib->def("stats() -> str", &OpStats);
+  g_def_lib->def("reset_peak() -> ()", &OpResetPeak);
+  g_def_lib->def("is_active() -> bool", &OpActive);
+  g_def_lib->def("pin(Tensor self) -> ()", &OpPin);
+  g_def_lib->def("set_budget(int bytes) -> ()", &OpSetBudget);
+  g_def_lib->def("budget() -> int", &OpBudget);
+  g_def_lib->def("unpin(Tensor self) -> ()", &OpUnpin);
+}
+
+}  // namespace dtr::hooks

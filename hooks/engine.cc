@@ -1,0 +1,427 @@
+// The Engine's storage tracking, ReplayBackend, EvictionHandler and stats (see engine.h); its
+// fallback is in fallback.cc.
+#include "hooks/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <iterator>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "allocator/eviction_strategy.h"
+#include "runtime/bytes.h"
+
+namespace dtr::hooks {
+
+Engine* g_engine = nullptr;
+
+absl::Status Engine::Init() {
+  RuntimeConfig rc;
+  rc.budget_bytes = kUnlimitedBudget;
+  rc.heuristic = cfg_.heuristic;
+  rc.dealloc = cfg_.dealloc;
+  rc.search = cfg_.search;
+  auto rt = Runtime::Create(rc, this);
+  if (!rt.ok()) return rt.status();
+  rt_ = std::move(*rt);
+  alloc::AllocatorConfig ac = CpuAllocatorConfig(cfg_);
+  backend_ = std::make_unique<alloc::HostBackend>(512);
+  auto a = alloc::CachingAllocator::Create(ac, backend_.get());
+  if (!a.ok()) return a.status();
+  alloc_ = std::move(*a);
+  alloc_->SetEvictionHandler(this);
+  release_on_free_ = !cfg_.unlimited();
+  adapter_ = std::make_unique<CpuAllocatorAdapter>(alloc_.get());
+  if (!cfg_.trace_file.empty()) {
+    trace_.open(cfg_.trace_file, std::ios::out | std::ios::trunc);
+    if (!trace_) return absl::InvalidArgumentError("dtr: cannot open DTR_TRACE_FILE " + cfg_.trace_file);
+    trace_ << "dtr-trace 1\n# written by libdtr_torch\n";
+  }
+  return absl::OkStatus();
+}
+
+std::string Engine::Breakdown() {
+  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+  if (!l.owns_lock()) return "breakdown unavailable";
+  uint64_t constants = 0, pinned = 0, locked = 0, evictable = 0, evicted = 0, n_const = 0;
+  for (auto& [k, e] : entries_) {
+    const StorageRecord* r = rt_->storage(e->sid);
+    if (r == nullptr) continue;
+    if (!r->resident()) {
+      evicted += r->size;
+      continue;
+    }
+    if (!e->ours) continue;
+    if (!r->rematerializable()) {
+      constants += r->size;
+      ++n_const;
+    } else if (r->pins > 0) {
+      pinned += r->size;
+    } else if (r->locks > 0) {
+      locked += r->size;
+    } else {
+      evictable += r->size;
+    }
+  }
+  uint64_t alloc = uint64_t(alloc_->GetStats().allocated_bytes.current);
+  uint64_t tracked = constants + pinned + locked + evictable;
+  return absl::StrCat("allocated ", FormatBytes(alloc), ": constants ", FormatBytes(constants), " in ", n_const,
+                      " storages (parameters, gradients, optimizer state, inputs, outputs of unreplayable "
+                      "ops), pinned ", FormatBytes(pinned), ", locked by the running op ", FormatBytes(locked),
+                      ", evictable ", FormatBytes(evictable), ", untracked ",
+                      FormatBytes(alloc > tracked ? alloc - tracked : 0),
+                      " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(evicted));
+}
+
+void Engine::PinTensor(const at::Tensor& t, bool pin) {
+  if (!t.defined() || !t.has_storage() || !t.is_cpu()) return;
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  Busy b(this);
+  Entry* e = EntryOf(t, pin);
+  if (e == nullptr) return;
+  Check(pin ? rt_->Pin(e->sid) : rt_->Unpin(e->sid), pin ? "pin" : "unpin");
+}
+
+void Engine::SetBudget(int64_t bytes) {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  Busy b(this);
+  size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
+  absl::Status st = alloc_->SetBudget(nb);
+  if (!st.ok()) {
+    alloc_->EmptyCache();
+    st = alloc_->SetBudget(nb);
+  }
+  if (!st.ok()) {
+    uint64_t reserved = uint64_t(alloc_->GetStats().reserved_bytes.current);
+    if (reserved > nb) rt_->EvictAtLeast(reserved - nb);
+    alloc_->EmptyCache();
+    st = alloc_->SetBudget(nb);
+  }
+  if (!st.ok())
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): cannot get under ",
+                     FormatBytes(nb), ": ", st.message(), " (", Breakdown(), ")");
+  cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
+  release_on_free_ = bytes > 0;
+}
+
+int64_t Engine::Budget() {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  return cfg_.unlimited() ? -1 : int64_t(cfg_.budget_bytes);
+}
+
+void Engine::Check(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  if (absl::IsResourceExhausted(s))
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: ", what, ": ", s.message());
+  TORCH_CHECK(false, "dtr: ", what, ": ", s.message());
+}
+
+Entry* Engine::NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes) {
+  Entry* e = new Entry;
+  e->sid = sid;
+  e->weak = c10::weak_intrusive_ptr<c10::StorageImpl>(
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  e->nbytes = nbytes;
+  e->trace_id = next_trace_id_++;
+  entries_[sid.packed()] = e;
+  return e;
+}
+
+// The entry of t's storage; with `create`, registers an unknown storage as a constant.
+Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const c10::DataPtr& dp = impl->data_ptr();
+  if (IsOurs(dp)) {
+    Slot* s = SlotOf(dp);
+    if (s->entry) return s->entry;
+    if (!create) return nullptr;
+    size_t nbytes = impl->nbytes();
+    auto sid = rt_->AddConstant(nbytes);
+    Check(sid.status(), "AddConstant");
+    Entry* e = NewEntry(*sid, impl, nbytes);
+    e->ours = true;
+    e->slot = s;
+    s->entry = e;
+    TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
+    return e;
+  }
+  auto it = foreign_.find(impl);
+  if (it != foreign_.end()) return it->second;
+  if (!create) return nullptr;
+  size_t nbytes = impl->nbytes();
+  auto sid = rt_->AddConstant(nbytes);
+  Check(sid.status(), "AddConstant");
+  Entry* e = NewEntry(*sid, impl, nbytes);
+  e->foreign = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
+  foreign_[impl] = e;
+  TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
+  return e;
+}
+
+bool Engine::OnSlotDeleted(Slot* s) {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  Entry* e = s->entry;
+  s->entry = nullptr;
+  if (e == nullptr || e->slot != s) return false;
+  bool kept = false;
+  if (e->owned) {  // the internal StorageImpl died: only via our own release paths
+    e->slot = nullptr;
+    return false;
+  }
+  if (e->weak.expired()) {
+    // Note [Dead storages the runtime still needs]: steal the bytes (or tombstone).
+    c10::DataPtr dp;
+    if (s->mem != nullptr) {
+      s->entry = e;
+      kept = true;
+      dp = c10::DataPtr(DataOf(s), DataOf(s), &DataDeleter, c10::Device(c10::DeviceType::CPU));
+    } else {
+      Slot* tomb = new Slot{nullptr, 0, e, 0};
+      e->slot = tomb;
+      dp = TombPtr(tomb);
+    }
+    e->owned = c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes), std::move(dp), adapter_.get(),
+        /*resizable=*/false);
+  } else {
+    e->slot = nullptr;  // someone replaced the memory of a live storage (resize_): no longer ours
+  }
+  if (!e->dead) {
+    e->dead = true;
+    deaths_.push_back(e);
+  }
+  if (busy_ == 0) DrainDeaths();
+  return kept;
+}
+
+void Engine::DrainDeaths() {
+  while (!deaths_.empty() && busy_ == 0) {
+    std::vector<Entry*> d;
+    d.swap(deaths_);
+    Busy b(this);
+    for (Entry* e : d) {
+      TraceLine(absl::StrCat("release ", TName(e)));
+      if (rt_->storage(e->sid) != nullptr) {
+        absl::Status s = rt_->DropRef(e->sid);
+        if (!s.ok() && cfg_.verbose)
+          std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(s.message()).c_str());
+      }
+    }
+  }
+}
+
+// Frees entries whose records the runtime collected while evicted, and foreign storages the
+// program dropped.
+void Engine::Sweep() {
+  Busy b(this);
+  std::vector<uint64_t> gone;
+  for (auto& [k, e] : entries_) {
+    if (rt_->storage(e->sid) == nullptr) gone.push_back(k);
+  }
+  for (uint64_t k : gone) {
+    Entry* e = entries_[k];
+    entries_.erase(k);
+    if (e->slot) e->slot->entry = nullptr;
+    if (e->foreign) foreign_.erase(e->foreign.get());
+    e->owned.reset();
+    e->foreign.reset();
+    delete e;
+  }
+  for (auto it = foreign_.begin(); it != foreign_.end(); ++it) {
+    Entry* e = it->second;
+    // Only our references remain (the entry's strong one, plus the weak one).
+    if (!e->dead && e->foreign.use_count() == 1) {
+      e->dead = true;
+      deaths_.push_back(e);
+    }
+  }
+}
+
+void Engine::Release(StorageId id, const StorageRecord& storage, bool permanently) {
+  Entry* e = FindEntry(id);
+  if (e == nullptr) return;
+  c10::intrusive_ptr<c10::StorageImpl> impl = e->impl();
+  if (impl && e->ours && e->slot != nullptr && SlotOf(impl->data_ptr()) == e->slot && e->slot->mem != nullptr) {
+    // Rule 3: only our own memory is ever released.
+    e->slot->entry = nullptr;
+    Slot* tomb = new Slot{nullptr, 0, permanently ? nullptr : e, 0};
+    e->slot = permanently ? nullptr : tomb;
+    impl->set_data_ptr_noswap(TombPtr(tomb));
+  }
+  impl.reset();
+  if (permanently) {
+    entries_.erase(id.packed());
+    if (e->slot) e->slot->entry = nullptr;
+    if (e->owned && IsOurs(e->owned->data_ptr())) SlotOf(e->owned->data_ptr())->entry = nullptr;
+    if (e->foreign) foreign_.erase(e->foreign.get());
+    e->owned.reset();
+    e->foreign.reset();
+    delete e;
+  }
+}
+
+absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span<const bool> keep) {
+  ReplayRecord& rr = *reinterpret_cast<ReplayRecord*>(oprec.handle);
+  // Deep-copy lists so the record's placeholders are never mutated.
+  std::vector<c10::IValue> args = CopyArgs(rr.args.data(), rr.args.data() + rr.args.size());
+  for (const TensorArg& ta : rr.tensors) {
+    Entry* e = FindEntry(ta.sid);
+    c10::intrusive_ptr<c10::StorageImpl> impl = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
+    if (!impl || (impl->nbytes() > 0 && impl->data_ptr().get() == nullptr))
+      return absl::InternalError(absl::StrCat("dtr: replay of ", oprec.name, ": input storage not resident"));
+    PutAt(args, ta.path, MakeTensor(impl, ta.meta), ta.is_optional_list);
+  }
+  if (rr.gen) args[rr.gen_arg] = c10::IValue(rr.gen->clone());
+  c10::impl::ExcludeDispatchKeyGuard g(c10::autograd_dispatch_keyset_with_ADInplaceOrView |
+                                       c10::DispatchKeySet({c10::DispatchKey::Fake, c10::DispatchKey::Python,
+                                                            c10::DispatchKey::PythonTLSSnapshot}));
+  c10::optional<at::Generator> saved_default;
+  at::Generator def = at::detail::getDefaultCPUGenerator();
+  if (rr.default_gen) {
+    std::lock_guard<std::mutex> gl(def.mutex());
+    saved_default = def.clone();
+    def.set_state(rr.default_gen->get_state());
+  }
+  torch::jit::Stack stack(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+  // Note [Global state a replay depends on]
+  struct DefaultDtypeGuard {
+    caffe2::TypeMeta saved = c10::get_default_dtype();
+    explicit DefaultDtypeGuard(caffe2::TypeMeta recorded) {
+      if (recorded != saved) c10::set_default_dtype(recorded);
+    }
+    ~DefaultDtypeGuard() {
+      if (c10::get_default_dtype() != saved) c10::set_default_dtype(saved);
+    }
+  } default_dtype_guard(cfg_.rule_enabled(6) ? rr.default_dtype : c10::get_default_dtype());
+  double t0 = NowNs();
+  try {
+    rr.op.callBoxed(&stack);
+  } catch (const std::exception& ex) {
+    if (saved_default) {
+      std::lock_guard<std::mutex> gl(def.mutex());
+      def.set_state(saved_default->get_state());
+    }
+    std::string msg = absl::StrCat("rematerializing (replay of ", oprec.name, "): ",
+                                   dynamic_cast<const c10::Error*>(&ex)
+                                       ? dynamic_cast<const c10::Error*>(&ex)->what_without_backtrace()
+                                       : ex.what());
+    if (dynamic_cast<const c10::OutOfMemoryError*>(&ex)) return absl::ResourceExhaustedError(msg);
+    return absl::InternalError(msg);
+  }
+  double cost = NowNs() - t0;
+  if (saved_default) {
+    std::lock_guard<std::mutex> gl(def.mutex());
+    def.set_state(saved_default->get_state());
+  }
+  if (oprec.in_place) return cost;
+  for (size_t i = 0; i < rr.outputs.size() && i < oprec.outputs.size(); ++i) {
+    if (!keep[i]) continue;
+    const OutputSpec& os = rr.outputs[i];
+    at::Tensor out = GetAt(stack, 0, os.path);
+    // Rule 5: views and autograd's saved tensors read the restored storage with the recorded
+    // layout, so the replay must reproduce it before its memory is swapped in. A kernel may pick
+    // its output layout from things other than its inputs (thread count, backend heuristics):
+    // then the values are copied into the recorded layout. A different dtype or shape means the
+    // op is not a function of what was recorded: refuse rather than restore wrong contents.
+    if (cfg_.rule_enabled(5) && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
+                                 !IsOurs(out.storage().data_ptr()))) {
+      if (out.scalar_type() != os.meta.dtype || out.sizes().vec() != os.meta.sizes)
+        return absl::InternalError(absl::StrCat(
+            "dtr: replay of ", oprec.name, " output ", i, " produced ", c10::toString(out.scalar_type()),
+            c10::str(out.sizes()), " where ", c10::toString(os.meta.dtype), c10::str(c10::IntArrayRef(os.meta.sizes)),
+            " was recorded; the op depends on state dtr does not record, so it cannot be rematerialized"));
+      at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte));
+      at::Tensor laid_out = at::empty({0}, out.options()).set_(bytes.storage(), os.meta.offset, os.meta.sizes,
+                                                                os.meta.strides);
+      laid_out.copy_(out);
+      out = laid_out;
+      ++relayouts_;
+    }
+    c10::StorageImpl* oimpl = out.storage().unsafeGetStorageImpl();
+    Entry* e = FindEntry(oprec.outputs[i]);
+    if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
+    c10::intrusive_ptr<c10::StorageImpl> target = e->impl();
+    if (!target) return absl::InternalError("dtr: replay target storage is gone");
+    c10::DataPtr dp = oimpl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+    Slot* ns = SlotOf(dp);
+    ns->entry = e;
+    if (e->slot) e->slot->entry = nullptr;  // the tombstone
+    e->slot = ns;
+    target->set_data_ptr_noswap(std::move(dp));
+  }
+  return cost;
+}
+
+alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
+  alloc::EvictionResult res;
+  std::unique_lock<std::recursive_mutex> l(mu_, std::defer_lock);
+  if (at::in_parallel_region()) {
+    if (!l.try_lock()) return res;  // the owner waits for this parallel region: cannot evict
+  } else {
+    l.lock();
+  }
+  Busy b(this);
+  const double search_t0 = NowNs();
+  struct AddElapsed {
+    double* into;
+    double t0;
+    ~AddElapsed() { *into += NowNs() - t0; }
+  } add_search{&search_ns_, search_t0};
+  // The runtime ranks its lowest-scored storages; the allocator's fragmentation-aware strategy
+  // picks among them (a single victim whose freed block fits, else by score), re-ranking per batch.
+  static const alloc::FragmentationAwareEvictionStrategy strategy;
+  while (!alloc_->CanSatisfy(request)) {
+    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
+    std::vector<alloc::EvictionCandidate> candidates;
+    absl::flat_hash_map<void*, StorageId> storage_at;
+    for (const Runtime::Candidate& c : ranked) {
+      Entry* e = reinterpret_cast<Entry*>(c.handle);
+      if (e == nullptr) e = FindEntry(c.id);
+      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr) continue;
+      candidates.push_back({e->slot->mem, c.score});
+      storage_at[e->slot->mem] = c.id;
+    }
+    if (candidates.empty()) break;
+    alloc::EvictionResult round = strategy.Evict(*alloc_, request, std::move(candidates),
+                                                 [&](const alloc::EvictionCandidate& c) {
+                                                   return rt_->Evict(storage_at.at(c.ptr)).ok();
+                                                 });
+    res.bytes_freed += round.bytes_freed;
+    res.blocks_freed += round.blocks_freed;
+    if (round.blocks_freed == 0) break;
+  }
+  res.satisfied = alloc_->CanSatisfy(request);
+  res.pinned_bytes = rt_->UnevictableBytes();
+  return res;
+}
+
+std::string Engine::StatsJson() {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  alloc::AllocatorStats as = alloc_->GetStats();
+  const RuntimeStats& rs = rt_->stats();
+  return absl::StrCat(
+      "{\"budget_bytes\":", cfg_.unlimited() ? int64_t(-1) : int64_t(cfg_.budget_bytes),
+      ",\"peak_reserved_bytes\":", as.reserved_bytes.peak, ",\"peak_allocated_bytes\":", as.allocated_bytes.peak,
+      ",\"reserved_bytes\":", as.reserved_bytes.current, ",\"allocated_bytes\":", as.allocated_bytes.current,
+      ",\"evictions\":", rs.evictions, ",\"eager_evictions\":", rs.eager_evictions,
+      ",\"rematerializations\":", rs.rematerializations, ",\"replays\":", rs.replays,
+      ",\"remat_seconds\":", rs.remat_cost * 1e-9, ",\"base_seconds\":", rs.base_cost * 1e-9,
+      ",\"ops_recorded\":", rs.ops_recorded, ",\"constants\":", rs.constants, ",\"detached\":", rs.detached,
+      ",\"op_seconds\":", exec_ns_ * 1e-9, ",\"search_seconds\":", search_ns_ * 1e-9,
+      ",\"bookkeeping_seconds\":", std::max(0.0, hook_ns_ - exec_ns_ - hook_search_ns_ - hook_remat_ns_) * 1e-9,
+      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.num_eviction_calls, ",\"ooms\":", as.num_ooms,
+      ",\"runtime\":", rs.ToJson(), "}");
+}
+
+void Engine::WriteStatsFile() {
+  if (trace_.is_open()) trace_.flush();
+  if (cfg_.stats_file.empty()) return;
+  std::ofstream f(cfg_.stats_file, std::ios::out | std::ios::trunc);
+  f << StatsJson() << "\n";
+}
+
+}  // namespace dtr::hooks

@@ -1,0 +1,172 @@
+// Engine: dtr's state in one process (g_engine), never destroyed (tensors may be freed during
+// static destruction). Owns the dtr::Runtime (budget unlimited: the allocator enforces
+// DTR_BUDGET), the caching allocator over host memory, the CPU c10::Allocator adapter, the
+// storages the runtime knows (Entry, storage_slots.h), and one std::recursive_mutex that
+// serializes everything (the allocator's eviction callback re-enters on the same thread while an
+// op is executing). It is the runtime's ReplayBackend: it evicts a StorageImpl by swapping in a
+// tombstone DataPtr and restores it by replaying the recorded op with autograd and Fake excluded;
+// and the allocator's EvictionHandler (MakeRoom). Its Fallback (fallback.cc) records every op.
+//
+// Note [Dead storages the runtime still needs]
+// Runtime external references model "the program still holds this storage". Replay records keep
+// only StorageIds (plus sizes/strides/offset/dtype) of their tensor inputs, never strong refs to
+// StorageImpls of our memory, so a recorded op does not keep its inputs alive. When the program's
+// StorageImpl dies (its deleter sees Entry::weak expired), the runtime may still need the bytes
+// (a constant read by a live recipe, or a storage an evicted dependent must be replayed from).
+// The deleter therefore *steals* the memory (or the tombstone) into a fresh internal StorageImpl
+// owned by the Entry, and only then drops the runtime's external reference (deferred to when the
+// runtime is not in the middle of a call). The runtime then evicts it eagerly, keeps it, or
+// collects it (Release(permanently=true) frees the internal StorageImpl). Storages whose memory
+// is not ours (from_numpy, pre-activation allocations) cannot be stolen: replay records hold a
+// strong reference to those (they are constants anyway, never evicted).
+#ifndef DTR_HOOKS_ENGINE_H_
+#define DTR_HOOKS_ENGINE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/eviction_handler.h"
+#include "allocator/host_backend.h"
+#include "hooks/cpu_allocator_adapter.h"
+#include "hooks/env_config.h"
+#include "hooks/op_classification.h"
+#include "hooks/replay_record.h"
+#include "hooks/storage_slots.h"
+#include "runtime/runtime.h"
+
+namespace dtr::hooks {
+
+using Clock = std::chrono::steady_clock;
+inline double NowNs() {
+  return double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
+class Engine final : public ReplayBackend, public alloc::EvictionHandler {
+ public:
+  explicit Engine(const DtrEnvConfig& cfg) : cfg_(cfg) {}
+
+  absl::Status Init();
+
+  const DtrEnvConfig& cfg() const { return cfg_; }
+  bool release_on_free() const { return release_on_free_.load(std::memory_order_relaxed); }
+  c10::Allocator* adapter() { return adapter_.get(); }
+  alloc::CachingAllocator* allocator() { return alloc_.get(); }
+
+  // ---------------- the fallback (fallback.cc) ----------------
+  void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+
+  // ---------------- deleter ----------------
+  // Returns true when the bytes were kept (stolen into an internal StorageImpl).
+  bool OnSlotDeleted(Slot* s);
+
+  // ---------------- ReplayBackend ----------------
+  absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override;
+  void Release(StorageId id, const StorageRecord& storage, bool permanently) override;
+  void OnOpDropped(OpId id, const OpRecord& op) override {
+    delete reinterpret_cast<ReplayRecord*>(op.handle);
+  }
+
+  // ---------------- EvictionHandler ----------------
+  alloc::EvictionResult MakeRoom(const alloc::EvictionRequest& request) override;
+  size_t PinnedBytes() const override {
+    std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+    if (!l.owns_lock()) return 0;
+    return rt_->UnevictableBytes();
+  }
+
+  std::string StatsJson();
+  // Where the allocated bytes are, for out-of-memory reports.
+  std::string Breakdown();
+  // torch.ops.dtr.pin / unpin: keep a tensor's storage resident (for raw access: .numpy(),
+  // torch.save, data_ptr(), extensions), see README "Caveats".
+  void PinTensor(const at::Tensor& t, bool pin);
+  void WriteStatsFile();
+  // torch.ops.dtr.set_budget: changes the budget at run time (<= 0: unlimited). Evicts and
+  // releases cached memory to get under a lower budget; raises (keeping the old budget) if the
+  // memory that cannot be evicted does not fit.
+  void SetBudget(int64_t bytes);
+  int64_t Budget();
+  void ResetPeak() { alloc_->ResetPeakStats(); }
+
+ private:
+  struct Busy {
+    explicit Busy(Engine* e) : e_(e) { ++e_->busy_; }
+    ~Busy() {
+      if (--e_->busy_ == 0) e_->DrainDeaths();
+    }
+    Engine* e_;
+  };
+
+  Entry* EntryOf(const at::Tensor& t, bool create);
+  Entry* FindEntry(StorageId sid) {
+    auto it = entries_.find(sid.packed());
+    return it == entries_.end() ? nullptr : it->second;
+  }
+  Entry* NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes);
+  void DrainDeaths();
+  void Sweep();
+  void Check(const absl::Status& s, const char* what);
+  void TraceLine(const std::string& s) {
+    if (trace_.is_open()) trace_ << s << '\n';
+  }
+  std::string TName(Entry* e) { return absl::StrCat("t", e->trace_id); }
+
+  DtrEnvConfig cfg_;
+  mutable std::recursive_mutex mu_;
+  std::unique_ptr<Runtime> rt_;
+  std::unique_ptr<alloc::HostBackend> backend_;
+  std::unique_ptr<alloc::CachingAllocator> alloc_;
+  std::unique_ptr<CpuAllocatorAdapter> adapter_;
+  absl::flat_hash_map<uint64_t, Entry*> entries_;                   // by StorageId
+  std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
+  std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
+  std::vector<Entry*> deaths_;
+  int busy_ = 0;
+  uint64_t ops_seen_ = 0;
+  uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)
+  // Note [Where the time goes]: for benchmarks and users tuning overhead. search_ns_ is all time
+  // in MakeRoom (choosing and evicting victims). Inside the fallback, hook_ns_ is the wall time of
+  // managed ops, exec_ns_ the ops' own execution (first runs, eviction excluded), and the search
+  // and rematerialization time spent inside the fallback is subtracted too; what remains is dtr's
+  // bookkeeping (classification, recording, pinning, tracing). Recorded op costs exclude eviction.
+  double search_ns_ = 0, hook_ns_ = 0, exec_ns_ = 0, hook_search_ns_ = 0, hook_remat_ns_ = 0;
+  struct HookClock {
+    explicit HookClock(Engine* e)
+        : e_(e), t0_(NowNs()), search0_(e->search_ns_), remat0_(e->rt_->stats().remat_cost) {}
+    ~HookClock() {
+      e_->hook_ns_ += NowNs() - t0_;
+      e_->hook_search_ns_ += e_->search_ns_ - search0_;
+      e_->hook_remat_ns_ += e_->rt_->stats().remat_cost - remat0_;
+    }
+    Engine* e_;
+    double t0_, search0_, remat0_;
+  };
+  int next_trace_id_ = 0;
+  std::ofstream trace_;
+  std::atomic<bool> release_on_free_{false};
+};
+
+// The process's engine: set once by dtr_activate (activation.cc), never destroyed; null while dtr
+// is inactive. The allocator adapter, the slot deleters and the custom ops reach it here.
+extern Engine* g_engine;
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_ENGINE_H_

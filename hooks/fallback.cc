@@ -1,0 +1,311 @@
+// The boxed fallback on DispatchKey::Fake: Engine::Fallback sees every op the program runs,
+// records functional ops as recipes (Note [Recording without knowing the outputs]), makes their
+// inputs resident, routes mutations through Runtime::Mutate and views through Runtime::Access.
+// RegisterFallback installs it for the whole process.
+//
+// Note [Recording without knowing the outputs]
+// Runtime::Compute needs the number and sizes of the outputs before it runs the op, which the
+// torch layer only knows afterwards. So the fallback pins the inputs (Runtime::Pin makes them
+// resident and unevictable), runs the op, and then calls Compute with an execute callback that
+// returns the measured cost. Allocations inside the op may evict other storages (the new outputs
+// are not tracked yet, so they cannot be chosen).
+#include "hooks/fallback.h"
+
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "absl/strings/str_cat.h"
+#include "hooks/engine.h"
+
+namespace dtr::hooks {
+
+void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Fake);
+  const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
+  auto pass = [&] { op.redispatchBoxed(after, stack); };
+  // Runs the op; returns its cost, excluding time spent evicting for its allocations.
+  auto timed_pass = [&]() -> double {
+    const double t0 = NowNs(), search0 = search_ns_;
+    pass();
+    const double cost = NowNs() - t0 - (search_ns_ - search0);
+    exec_ns_ += cost;
+    return cost;
+  };
+  if (at::in_parallel_region()) return pass();
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  auto it = infos_.find(&schema);
+  if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
+  const OpInfo& info = it->second;
+  if (info.kind == Kind::kPassthrough) return pass();
+
+  // Tensors we cannot manage make the whole op pass through untouched.
+  bool unmanaged = false;
+  ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
+    if (t.key_set().has(c10::DispatchKey::Python) || !t.has_storage() || !t.is_cpu() ||
+        t.layout() != c10::kStrided || t.is_quantized())
+      unmanaged = true;
+  });
+  if (unmanaged) return pass();
+
+  Busy busy(this);
+  HookClock hook_clock(this);
+  if (++ops_seen_ % 4096 == 0) Sweep();
+
+  // Input storages (registering unknown ones as constants).
+  std::vector<TensorArg> targs;
+  std::vector<StorageId> in_sids;
+  std::vector<StorageId> written;
+  std::vector<Entry*> in_entries;
+  // Note [Hidden mutation in native_batch_norm]: 1.13's schema does not mark running_mean and
+  // running_var (args 3, 4) as written, yet training mode updates them in place. Their values do
+  // not affect the outputs in training mode, so the op is recorded without them: replays pass
+  // None (no update). The real run's update is a mutation the runtime must see, though: the
+  // buffers (made by zeros()/ones() and zero_()/fill_(), so they have recipes) would otherwise be
+  // evictable and be rematerialized to their initial values, or read unmaterialized by the
+  // kernel. So they go through Runtime::Mutate first (not replayable): resident constants from
+  // then on, and readers of the old statistics (an eval-mode batch norm) are detached.
+  const bool bn_training = info.name == "aten::native_batch_norm" && (*stack)[base + 5].isBool() &&
+                           (*stack)[base + 5].toBool();
+  std::vector<StorageId> running_stats;
+  std::vector<Entry*> running_stat_entries;
+  ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
+    if (bn_training && (p.index == 3 || p.index == 4)) {
+      Entry* e = EntryOf(t, true);
+      running_stats.push_back(e->sid);
+      running_stat_entries.push_back(e);
+      return;
+    }
+    Entry* e = EntryOf(t, true);
+    TensorArg ta{p, e->sid, TensorMeta::Of(t), optl};
+    targs.push_back(std::move(ta));
+    in_sids.push_back(e->sid);
+    in_entries.push_back(e);
+    bool w = info.write_all;
+    for (int wa : info.write_args)
+      if (wa == p.index) w = true;
+    if (w) written.push_back(e->sid);
+  });
+
+  auto trace_ins = [&] {
+    std::string s;
+    for (Entry* e : in_entries) absl::StrAppend(&s, " ", TName(e));
+    return s;
+  };
+
+  if (!running_stats.empty() && cfg_.rule_enabled(1)) {
+    Runtime::MutateCall mc{"aten::native_batch_norm(running stats)", {}, running_stats, false, 0};
+    Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), info.name.c_str());
+    std::string stats;
+    for (Entry* e : running_stat_entries) absl::StrAppend(&stats, " ", TName(e));
+    TraceLine(absl::StrCat("mutate aten::native_batch_norm(running_stats) 0", stats, " ->", stats));
+  }
+
+  // ---- mutations (rules 1 and 2) ----
+  if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
+    ReplayRecord* rr = nullptr;
+    if (info.replayable) {
+      rr = new ReplayRecord(op);
+      rr->args = CopyArgs(stack->data() + base, stack->data() + stack->size());
+      for (const TensorArg& ta : targs) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+      // Only storages that are ours are referenced by id; foreign ones stay alive via their entry.
+      rr->tensors = targs;
+    }
+    double cost = 0;
+    std::exception_ptr err;
+    Runtime::MutateCall mc{info.name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
+    mc.invalidate_readers = cfg_.rule_enabled(2);
+    absl::Status s = rt_->Mutate(mc, [&]() -> absl::StatusOr<double> {
+      try {
+        cost = timed_pass();
+      } catch (...) {
+        err = std::current_exception();
+        return absl::InternalError("op threw");
+      }
+      return cost;
+    });
+    if (!s.ok() || err) {
+      // The runtime did not record the op: free the record.
+      delete rr;
+      if (err) std::rethrow_exception(err);
+      Check(s, info.name.c_str());
+    }
+    // If the op was recorded, the runtime owns rr (OnOpDropped deletes it); if not, drop it.
+    // Runtime::Mutate records only a single rematerializable mutated storage.
+    if (rr != nullptr) {
+      const StorageRecord* r = rt_->storage(written[0]);
+      bool recorded = r != nullptr && !r->recipe.empty() &&
+                      rt_->op(r->recipe.back()) != nullptr &&
+                      rt_->op(r->recipe.back())->handle == reinterpret_cast<uint64_t>(rr);
+      if (!recorded) delete rr;
+    }
+    {
+      std::string outs;
+      for (StorageId w : written)
+        if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
+      TraceLine(absl::StrCat("mutate ", info.name, " ", int64_t(cost), trace_ins(), " ->", outs));
+    }
+    // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
+    // a storage re-homed by a resize inside the op lost its entry in the deleter.
+    return;
+  }
+
+  // Make every input resident and unevictable while the op runs (Note [Recording without knowing
+  // the outputs]).
+  std::vector<StorageId> pinned;
+  struct Unpin {
+    Engine* e;
+    std::vector<StorageId>* p;
+    ~Unpin() {
+      for (StorageId id : *p)
+        if (e->rt_->storage(id)) (void)e->rt_->Unpin(id);
+    }
+  } unpin{this, &pinned};
+  for (StorageId id : in_sids) {
+    Check(rt_->Pin(id), info.name.c_str());
+    pinned.push_back(id);
+  }
+
+  if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate) {
+    // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
+    double cost = timed_pass();
+    if (info.kind == Kind::kView) {
+      for (StorageId id : in_sids) (void)rt_->Access(id, 0);
+      (void)cost;
+    } else {
+      TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    }
+    return;
+  }
+
+  // ---- a functional op: record it ----
+  ReplayRecord* rr = new ReplayRecord(op);
+  rr->args = CopyArgs(stack->data() + base, stack->data() + stack->size());
+  for (const TensorArg& ta : targs) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+  if (bn_training) {
+    rr->args[3] = c10::IValue();
+    rr->args[4] = c10::IValue();
+  }
+  rr->tensors = targs;
+  at::Generator def = at::detail::getDefaultCPUGenerator();
+  if (info.gen_arg >= 0 && cfg_.rule_enabled(6)) {
+    rr->gen_arg = info.gen_arg;
+    const c10::IValue& g = (*stack)[base + info.gen_arg];
+    at::Generator gen = g.isNone() ? def : g.toGenerator();
+    std::lock_guard<std::mutex> gl(gen.mutex());
+    rr->gen = gen.clone();
+  }
+  if (info.seeded_no_gen && cfg_.rule_enabled(6)) {
+    std::lock_guard<std::mutex> gl(def.mutex());
+    rr->default_gen = def.clone();
+  }
+  uint64_t serial0 = LastSlotSerial();
+  const bool watch_rng = info.gen_arg < 0 && !info.seeded_no_gen && cfg_.rule_enabled(6);
+  GenMark mark0;
+  if (watch_rng) mark0 = GenMark::Now();
+  double cost;
+  try {
+    cost = timed_pass();
+  } catch (...) {
+    delete rr;
+    throw;
+  }
+  if (watch_rng && !(GenMark::Now() == mark0)) {
+    // Note [Random ops without a Generator argument]: this op drew from the default generator
+    // although we did not know it was random. Its outputs cannot be replayed exactly: keep them
+    // as constants, and treat the op as seeded from now on.
+    if (cfg_.verbose)
+      std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
+    it->second.seeded_no_gen = true;
+    delete rr;
+    TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    return;
+  }
+
+  // New output storages: ours, allocated during this op, not yet tracked, each seen once.
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  std::vector<c10::StorageImpl*> new_impls;
+  std::vector<OutputSpec> outs;
+  bool replayable = true;
+  ForEachTensor(stack->data() + rbase, nret, [&](Path p, const at::Tensor& t, bool) {
+    if (!t.has_storage() || !t.is_cpu()) {
+      replayable = false;
+      return;
+    }
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    const c10::DataPtr& dp = impl->data_ptr();
+    Slot* os = SlotOf(dp);
+    bool fresh = os != nullptr && os->mem != nullptr && os->entry == nullptr && os->serial > serial0;
+    for (auto* seen : new_impls)
+      if (seen == impl) fresh = false;
+    if (!fresh) {
+      // Rule 4: an output whose storage is an input's or pre-existing is not a new storage.
+      if (cfg_.rule_enabled(4)) {
+        replayable = false;
+        return;
+      }
+      if (os == nullptr || os->entry != nullptr) {
+        replayable = false;
+        return;
+      }
+    }
+    new_impls.push_back(impl);
+    outs.push_back(OutputSpec{p, TensorMeta::Of(t), impl->nbytes()});
+  });
+  if (!replayable || outs.empty()) {
+    // Outputs become constants lazily when first used.
+    delete rr;
+    TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    return;
+  }
+  rr->outputs = outs;
+  std::vector<uint64_t> sizes;
+  for (const auto& o : outs) sizes.push_back(o.nbytes);
+  Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
+  auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
+  if (!out_sids.ok()) {
+    delete rr;
+    Check(out_sids.status(), info.name.c_str());
+  }
+  std::string trace_outs;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    c10::StorageImpl* impl = new_impls[i];
+    Entry* e = NewEntry((*out_sids)[i], impl, outs[i].nbytes);
+    e->ours = true;
+    Slot* s = SlotOf(impl->data_ptr());
+    s->entry = e;
+    e->slot = s;
+    (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
+    absl::StrAppend(&trace_outs, " ", TName(e), ":", outs[i].nbytes);
+  }
+  TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
+}
+
+namespace {
+
+void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  g_engine->Fallback(op, ks, stack);
+}
+
+torch::Library* g_fallback_lib = nullptr;
+
+}  // namespace
+
+void RegisterFallback() {
+  g_fallback_lib = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::Fake, __FILE__, __LINE__);
+  g_fallback_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&BoxedFallback>());
+}
+
+}  // namespace dtr::hooks

@@ -1,0 +1,128 @@
+// Operator classification and the random-op family (see op_classification.h).
+#include "hooks/op_classification.h"
+
+#include <unordered_set>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace dtr::hooks {
+namespace {
+
+bool StartsWith(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+// Note [Random ops without a Generator argument]
+// Many random aten ops have an overload without a `Generator?` argument that draws from the
+// default CPU generator (rand, randn, randint, randperm, rand_like, native_dropout, ...). Replaying
+// such an op without restoring the default generator's recorded state produces different values
+// (a model input made by torch.randn, evicted and replayed, silently changed the loss) and
+// advances the program's global RNG stream. Every aten op whose name has any overload taking a
+// Generator, plus the *_like and dropout families, is treated as seeded: the default generator is
+// cloned at record time and set/restored around each replay. As a safety net, Fallback also
+// fingerprints the default generator around every recorded op and refuses to record an op that
+// consumed it unexpectedly (its outputs become constants).
+bool IsRandomFamily(const std::string& name) {
+  static const std::unordered_set<std::string>* families = [] {
+    auto* f = new std::unordered_set<std::string>{
+        "aten::native_dropout", "aten::rand_like", "aten::randn_like", "aten::randint_like",
+        "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
+        "aten::rrelu", "aten::rrelu_with_noise", "aten::randperm", "aten::rand", "aten::randn",
+        "aten::randint", "aten::bernoulli", "aten::multinomial", "aten::normal", "aten::poisson",
+        "aten::binomial", "aten::_standard_gamma", "aten::_sample_dirichlet", "aten::_fused_dropout"};
+    for (const c10::OperatorName& on : c10::Dispatcher::singleton().getAllOpNames()) {
+      auto h = c10::Dispatcher::singleton().findOp(on);
+      if (!h || !h->hasSchema()) continue;
+      for (const auto& a : h->schema().arguments())
+        if (a.type()->isSubtypeOf(*c10::OptionalType::create(c10::GeneratorType::get())) ||
+            a.type()->kind() == c10::TypeKind::GeneratorType) {
+          f->insert(on.name);
+          break;
+        }
+    }
+    return f;
+  }();
+  return families->count(name) > 0;
+}
+
+}  // namespace
+
+GenMark GenMark::Now() {
+  at::Generator def = at::detail::getDefaultCPUGenerator();
+  auto* g = def.get<at::CPUGeneratorImpl>();
+  GenMark m;
+  at::mt19937 e = g->engine();
+  auto d = e.data();
+  m.seed = d.seed_;
+  m.left = d.left_;
+  m.next = d.next_;
+  m.has_f = g->next_float_normal_sample().has_value();
+  m.has_d = g->next_double_normal_sample().has_value();
+  return m;
+}
+
+OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty) {
+  OpInfo info;
+  info.name = schema.name();
+  if (!schema.overload_name().empty()) info.name += "." + schema.overload_name();
+  const std::string& n = schema.name();
+  bool has_tensor_arg = false, has_tensor_ret = false, aliased_ret = false;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    const auto& ty = a.type();
+    if (ty->kind() == c10::TypeKind::TensorType || ty->isSubtypeOf(*c10::ListType::ofTensors()) ||
+        ty->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
+        ty->isSubtypeOf(*c10::ListType::create(c10::OptionalType::ofTensor())))
+      has_tensor_arg = true;
+    if (a.alias_info() && a.alias_info()->isWrite()) info.write_args.push_back(int(i));
+    if (ty->isSubtypeOf(*c10::OptionalType::create(c10::GeneratorType::get())) ||
+        ty->kind() == c10::TypeKind::GeneratorType)
+      info.gen_arg = int(i);
+  }
+  for (const auto& r : schema.returns()) {
+    if (r.alias_info()) aliased_ret = true;
+    const auto& ty = r.type();
+    if (ty->kind() == c10::TypeKind::TensorType || ty->isSubtypeOf(*c10::ListType::ofTensors()))
+      has_tensor_ret = true;
+  }
+  if (!StartsWith(n, "aten::")) {
+    if (!has_tensor_arg || StartsWith(n, "dtr::")) return info;  // passthrough (dtr:: control ops, ...)
+    info.kind = Kind::kMutate;
+    info.write_all = true;
+    info.replayable = false;
+    return info;
+  }
+  static const char* kNever[] = {"aten::copy_", "aten::set_", "aten::resize_", "aten::resize_as_",
+                                 "aten::record_stream", "aten::index_put_", "aten::_index_put_impl_",
+                                 "aten::_local_scalar_dense", "aten::lift", "aten::lift_fresh",
+                                 "aten::_resize_output_", "aten::detach_", "aten::requires_grad_",
+                                 "aten::retain_grad", "aten::_coalesced_", "aten::set_data"};
+  const bool empty_family =
+      StartsWith(n, "aten::empty") || StartsWith(n, "aten::new_empty") || StartsWith(n, "aten::_empty");
+  bool never = (empty_family && !record_empty) || StartsWith(n, "aten::_foreach_") ||
+               n.find("profiler") != std::string::npos || n.find("record_function") != std::string::npos;
+  for (const char* k : kNever)
+    if (n == k) never = true;
+  bool conservative = schema.aliasAnalysis() == c10::AliasAnalysisKind::CONSERVATIVE;
+  if (!info.write_args.empty()) {
+    info.kind = Kind::kMutate;
+    bool single_tensor = info.write_args.size() == 1 &&
+                         schema.arguments()[info.write_args[0]].type()->kind() == c10::TypeKind::TensorType;
+    info.replayable = !never && !conservative && single_tensor && info.gen_arg < 0 && !IsRandomFamily(n);
+    return info;
+  }
+  if (aliased_ret) {
+    info.kind = Kind::kView;
+    return info;
+  }
+  if (never || conservative || !has_tensor_ret) {
+    info.kind = has_tensor_arg || has_tensor_ret ? Kind::kOpaque : Kind::kPassthrough;
+    if (n == "aten::_local_scalar_dense") info.kind = Kind::kOpaque;
+    return info;
+  }
+  info.kind = Kind::kRecord;
+  info.replayable = true;
+  info.seeded_no_gen = info.gen_arg < 0 && IsRandomFamily(n);
+  return info;
+}
+
+}  // namespace dtr::hooks

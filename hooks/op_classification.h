@@ -1,0 +1,53 @@
+// How the fallback treats an operator, decided once per schema from the schema alone (OpInfo,
+// Classify): pass it through, record it as the recipe of its outputs, route its writes through
+// Runtime::Mutate, treat it as a view, or run it unrecorded. Also which ops draw from the default
+// CPU generator (Note [Random ops without a Generator argument], op_classification.cc) and a
+// fingerprint of that generator (GenMark).
+#ifndef DTR_HOOKS_OP_CLASSIFICATION_H_
+#define DTR_HOOKS_OP_CLASSIFICATION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/function_schema.h>
+
+namespace dtr::hooks {
+
+enum class Kind {
+  kPassthrough,  // runs untouched (no tensors, dtr:: control ops)
+  kRecord,       // a functional op: recorded as the recipe of its new output storages
+  kMutate,       // writes tensor arguments (a non-aten op: all of them): goes through Runtime::Mutate
+  kView,         // an output aliases an input: never recorded (rule 4)
+  kOpaque,       // runs unrecorded; its outputs become constants
+};
+
+struct OpInfo {
+  Kind kind = Kind::kPassthrough;
+  bool replayable = false;
+  std::vector<int> write_args;
+  bool write_all = false;  // non-aten op with tensor args: treat every tensor input as written
+  int gen_arg = -1;
+  bool seeded_no_gen = false;
+  std::string name;
+};
+
+// `record_empty` is the debug switch for design rule 4 (never record empty* outputs: their
+// contents are whatever the program writes next, possibly outside the dispatcher).
+OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty);
+
+// A cheap fingerprint of the default CPU generator's position in its stream.
+struct GenMark {
+  uint64_t seed = 0;
+  int left = 0;
+  uint32_t next = 0;
+  bool has_f = false, has_d = false;
+  static GenMark Now();
+  bool operator==(const GenMark& o) const {
+    return seed == o.seed && left == o.left && next == o.next && has_f == o.has_f && has_d == o.has_d;
+  }
+};
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_OP_CLASSIFICATION_H_

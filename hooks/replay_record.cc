@@ -1,0 +1,64 @@
+// Tensor layouts and boxed-stack helpers of replay records (see replay_record.h).
+#include "hooks/replay_record.h"
+
+#include <utility>
+
+#include <ATen/ATen.h>
+
+namespace dtr::hooks {
+
+TensorMeta TensorMeta::Of(const at::Tensor& t) {
+  TensorMeta m;
+  m.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  m.sizes = t.sizes().vec();
+  m.strides = t.strides().vec();
+  m.offset = t.storage_offset();
+  m.dtype = t.scalar_type();
+  return m;
+}
+
+bool TensorMeta::Matches(const at::Tensor& t) const {
+  return t.sizes().vec() == sizes && t.strides().vec() == strides && t.storage_offset() == offset &&
+         t.scalar_type() == dtype;
+}
+
+std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end) {
+  std::vector<c10::IValue> out;
+  out.reserve(end - begin);
+  for (const c10::IValue* a = begin; a != end; ++a) {
+    if (a->isTensorList()) out.emplace_back(a->toTensorList().copy());
+    else if (a->isList()) out.emplace_back(a->toList().copy());
+    else out.push_back(*a);
+  }
+  return out;
+}
+
+at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(impl), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    c10::scalarTypeToTypeMeta(m.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
+  t.unsafeGetTensorImpl()->set_storage_offset(m.offset);
+  if (m.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+void PutAt(std::vector<c10::IValue>& args, const Path& p, at::Tensor t, bool optional_list) {
+  if (p.elem < 0) {
+    args[p.index] = std::move(t);
+  } else if (optional_list) {
+    auto l = args[p.index].toList();
+    l.set(p.elem, c10::IValue(std::move(t)));
+  } else {
+    auto l = args[p.index].toTensorList();
+    l.set(p.elem, std::move(t));
+  }
+}
+
+at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p) {
+  const c10::IValue& v = s[base + p.index];
+  if (p.elem < 0) return v.toTensor();
+  if (v.isTensorList()) return v.toTensorList().get(p.elem);
+  return v.toListRef()[p.elem].toTensor();
+}
+
+}  // namespace dtr::hooks

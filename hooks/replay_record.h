@@ -1,0 +1,107 @@
+// What the fallback keeps of a recorded op so the engine can replay it (ReplayRecord: the
+// operator, its arguments with tensors taken out, each tensor input as a StorageId plus layout,
+// the outputs' layouts, generator and default-dtype state), and the helpers that walk boxed
+// argument stacks and put tensors back into them.
+#ifndef DTR_HOOKS_REPLAY_RECORD_H_
+#define DTR_HOOKS_REPLAY_RECORD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/StorageImpl.h>
+
+#include "runtime/ids.h"
+
+namespace dtr::hooks {
+
+// A tensor's view of its storage: what a replay needs to rebuild the tensor around it.
+struct TensorMeta {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  // A Python scalar operand (`int_tensor * 0.5`) arrives as a wrapped-number tensor, which type
+  // promotion treats as a scalar (default dtype) instead of a double tensor: replays keep the flag.
+  bool wrapped_number = false;
+  static TensorMeta Of(const at::Tensor& t);
+  bool Matches(const at::Tensor& t) const;
+};
+
+// Where a tensor sits in an argument/return list: index, and element within a list (-1: none).
+struct Path {
+  int index = 0;
+  int elem = -1;
+};
+
+struct TensorArg {
+  Path path;
+  StorageId sid;
+  TensorMeta meta;
+  bool is_optional_list = false;
+};
+
+struct OutputSpec {
+  Path path;
+  TensorMeta meta;
+  size_t nbytes = 0;
+};
+
+// The runtime's OpRecord::handle of a recorded op (the runtime owns it: Engine::OnOpDropped
+// deletes it).
+struct ReplayRecord {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // tensors replaced by None; lists keep their shape
+  std::vector<TensorArg> tensors;
+  std::vector<OutputSpec> outputs;  // aligned with OpRecord::outputs (creating ops)
+  int gen_arg = -1;
+  c10::optional<at::Generator> gen;          // pristine clone for Generator? args
+  c10::optional<at::Generator> default_gen;  // pristine default generator state (seeded ops)
+  // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
+  // produce (factories without dtype, int tensor * float scalar, ...). A replay runs under the
+  // default dtype that was current when the op first ran.
+  caffe2::TypeMeta default_dtype = c10::get_default_dtype();
+  explicit ReplayRecord(c10::OperatorHandle h) : op(std::move(h)) {}
+};
+
+// Visits every defined tensor in an IValue list (Tensor, Tensor[], Tensor?[]).
+template <typename F>
+void ForEachTensor(const c10::IValue* begin, size_t n, F&& f) {
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = begin[i];
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) f(Path{int(i), -1}, v.toTensor(), false);
+    } else if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      for (size_t j = 0; j < l.size(); ++j) {
+        at::Tensor t = l.get(j);
+        if (t.defined()) f(Path{int(i), int(j)}, t, false);
+      }
+    } else if (v.isList()) {
+      auto l = v.toListRef();
+      for (size_t j = 0; j < l.size(); ++j)
+        if (l[j].isTensor() && l[j].toTensor().defined()) f(Path{int(i), int(j)}, l[j].toTensor(), true);
+    }
+  }
+}
+
+// Copies arguments, deep-copying lists (c10::List has reference semantics).
+std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end);
+
+// A CPU tensor over `impl` with the layout `m`.
+at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m);
+
+// Puts `t` at `p` in `args` (`optional_list`: a Tensor?[] argument).
+void PutAt(std::vector<c10::IValue>& args, const Path& p, at::Tensor t, bool optional_list);
+
+// The tensor at `p` of the list that starts at s[base].
+at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p);
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_REPLAY_RECORD_H_

@@ -1,0 +1,83 @@
+// How dtr recognizes its storages: every DataPtr our CPU allocator hands out carries a Slot, every
+// storage the runtime knows has an Entry, and an evicted storage holds a tombstone. The deleters
+// of those DataPtrs tell the engine (g_engine, engine.h) when a tracked storage dies, and give
+// resident blocks back to its caching allocator.
+//
+// Note [Slots and tombstones]
+// Every DataPtr our allocator hands out has a Slot as context (mem, bytes, the Entry it belongs
+// to, an allocation serial). An evicted storage holds a tombstone: a DataPtr with a null pointer
+// whose context is a Slot with mem == nullptr and the same deleter. So the deleter runs whenever
+// a tracked storage dies, resident or evicted, and the context of any storage tells us in O(1)
+// whether it is ours and which runtime record it has. Before we ourselves replace a DataPtr
+// (evict, restore, permanent release) we clear the old Slot's entry, so its deleter only frees.
+#ifndef DTR_HOOKS_STORAGE_SLOTS_H_
+#define DTR_HOOKS_STORAGE_SLOTS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "runtime/ids.h"
+
+namespace dtr::hooks {
+
+struct Entry;
+
+// A resident slot sits in the first kHeader bytes of its allocator block, and the DataPtr's data
+// and context are both the byte after it (c10's raw_allocate requires context == data). A
+// tombstone slot is heap-allocated and has mem == nullptr.
+struct Slot {
+  void* mem = nullptr;  // the allocator block (== this for resident slots); nullptr: tombstone
+  size_t bytes = 0;
+  Entry* entry = nullptr;
+  uint64_t serial = 0;
+};
+constexpr size_t kHeader = 64;
+static_assert(sizeof(Slot) <= kHeader, "slot header");
+
+// One per storage the runtime knows.
+struct Entry {
+  StorageId sid;
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak{c10::intrusive_ptr<c10::StorageImpl>()};
+  c10::intrusive_ptr<c10::StorageImpl> owned;   // Note [Dead storages the runtime still needs]
+  c10::intrusive_ptr<c10::StorageImpl> foreign; // memory not ours: kept alive while the entry is
+  Slot* slot = nullptr;                          // current data slot or tombstone (ours only)
+  size_t nbytes = 0;
+  bool ours = false;
+  bool dead = false;  // external reference dropped
+  int trace_id = -1;
+
+  // The StorageImpl holding this storage's bytes now (strong ref), or null.
+  c10::intrusive_ptr<c10::StorageImpl> impl() {
+    if (owned) return owned;
+    if (foreign) return foreign;
+    return weak.lock();
+  }
+};
+
+// The deleter of resident DataPtrs (data: the byte after the slot header) and of tombstones
+// (ctx: the tombstone Slot). Both report a tracked storage's death to g_engine first.
+void DataDeleter(void* data);
+void TombDeleter(void* ctx);
+
+inline Slot* SlotOfData(void* data) { return reinterpret_cast<Slot*>(static_cast<char*>(data) - kHeader); }
+inline void* DataOf(Slot* s) { return reinterpret_cast<char*>(s) + kHeader; }
+
+// Whether a DataPtr is one of ours (resident or tombstone).
+bool IsOurs(const c10::DataPtr& dp);
+// The slot (resident or tombstone) of one of our DataPtrs; nullptr for others.
+Slot* SlotOf(const c10::DataPtr& dp);
+// A tombstone DataPtr with `tomb` as its context.
+c10::DataPtr TombPtr(Slot* tomb);
+
+// Allocation serials: the allocator stamps each new resident slot with the next one, so the
+// fallback can tell storages allocated while an op ran (serial > the last serial before it).
+uint64_t NextSlotSerial();
+uint64_t LastSlotSerial();
+
+}  // namespace dtr::hooks
+
+#endif  // DTR_HOOKS_STORAGE_SLOTS_H_
