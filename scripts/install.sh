@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Installs activation by environment variable alone for /usr/bin/python3: after this, any
 # `DTR_BUDGET=... python3 train.py` runs under dtr without LD_PRELOAD (see hooks/dtr_activate.py).
-# Usage: bash scripts/install.sh [SITE_DIR]   (default: /usr/bin/python3's site-packages)
+# Usage: bash scripts/install.sh [--lib PATH/libdtr.so] [SITE_DIR]
+#                                    (default: build/lib/libdtr.so, built if missing;
+#                                     /usr/bin/python3's site-packages)
 #        bash scripts/install.sh --uninstall [SITE_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uninstall=0
+lib=""
 if [ "${1:-}" = "--uninstall" ]; then uninstall=1; shift; fi
+if [ "${1:-}" = "--lib" ]; then
+  lib=$(realpath "${2:?--lib needs a path to libdtr.so}")
+  [ -f "$lib" ] || { echo "install.sh: --lib $2: no such file" >&2; exit 2; }
+  shift 2
+fi
 site=${1:-$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')}
 if [ "$uninstall" -eq 1 ]; then
   rm -f "$site/dtr.pth" "$site/dtr_activate.py"
   echo "dtr: removed activation from $site"
   exit 0
 fi
-lib=$PWD/build/lib/libdtr.so
+if [ -z "$lib" ]; then
+  lib=$PWD/build/lib/libdtr.so
+fi
 if [ ! -f "$lib" ]; then
   bash scripts/setup.sh
   cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -11,7 +11,7 @@ def test_env_var_alone_activates_after_install(tmp_path):
     env = clean_env(PYTHONUSERBASE=str(user_base))
     site = subprocess.run([PY, "-c", "import site; print(site.getusersitepackages())"], env=env,
                           capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "install.sh"), site], check=True,
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "install.sh"), "--lib", dtr_lib(), site], check=True,
                    capture_output=True, env=dict(env, PATH=os.environ["PATH"]))
     installed = open(os.path.join(site, "dtr_activate.py")).read()
     assert dtr_lib() in installed or os.path.realpath(dtr_lib()) in installed
