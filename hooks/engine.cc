@@ -297,7 +297,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
       if (c10::get_default_dtype() != saved) c10::set_default_dtype(saved);
     }
   } default_dtype_guard(cfg_.rule_enabled(6) ? rr.default_dtype : c10::get_default_dtype());
-  double t0 = NowNs();
+  const double t0 = NowNs(), search0 = search_ns_;
   try {
     rr.op.callBoxed(&stack);
   } catch (const std::exception& ex) {
@@ -312,7 +312,8 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     if (dynamic_cast<const c10::OutOfMemoryError*>(&ex)) return absl::ResourceExhaustedError(msg);
     return absl::InternalError(msg);
   }
-  double cost = NowNs() - t0;
+  // Note [Where the time goes]: like first executions, a replay's cost excludes eviction.
+  const double cost = NowNs() - t0 - (search_ns_ - search0);
   if (saved_default) {
     std::lock_guard<std::mutex> gl(def.mutex());
     def.set_state(saved_default->get_state());

@@ -11,6 +11,7 @@
 // are not tracked yet, so they cannot be chosen).
 #include "hooks/fallback.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -239,9 +240,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   std::vector<c10::StorageImpl*> new_impls;
   std::vector<OutputSpec> outs;
   bool replayable = true;
+  // Ops whose schema declares no aliasing but whose outputs are views of an input (unsafe_split,
+  // unsafe_chunk) are views in effect: the storage stays the input's, evictable as before.
+  bool views_of_inputs = nret > 0;
   ForEachTensor(stack->data() + rbase, nret, [&](Path p, const at::Tensor& t, bool) {
     if (!t.has_storage() || !t.is_cpu()) {
       replayable = false;
+      views_of_inputs = false;
       return;
     }
     c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
@@ -250,6 +255,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     bool fresh = os != nullptr && os->mem != nullptr && os->entry == nullptr && os->serial > serial0;
     for (auto* seen : new_impls)
       if (seen == impl) fresh = false;
+    if (fresh || os == nullptr || os->entry == nullptr ||
+        std::find(in_entries.begin(), in_entries.end(), os->entry) == in_entries.end())
+      views_of_inputs = false;
     if (!fresh) {
       // Rule 4: an output whose storage is an input's or pre-existing is not a new storage.
       if (cfg_.rule_enabled(4)) {
@@ -264,6 +272,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     new_impls.push_back(impl);
     outs.push_back(OutputSpec{p, TensorMeta::Of(t), impl->nbytes()});
   });
+  if (views_of_inputs) {
+    delete rr;
+    for (StorageId id : in_sids) (void)rt_->Access(id, 0);
+    return;
+  }
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;

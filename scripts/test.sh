@@ -3,7 +3,8 @@
 #   1. the full build (Ninja) and all ctest suites;
 #   2. the runtime and allocator unit tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
-#   4. the torch integration tests (pytest with /usr/bin/python3), when hooks/ is built.
+#   4. the torch integration tests and the benchmark harness's smoke test (pytest with
+#      /usr/bin/python3), when hooks/ is built.
 # Usage: bash scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ if [ "$quick" -eq 0 ]; then
 fi
 
 if [ -d tests/hooks ] && [ -f build/lib/libdtr.so ]; then
-  echo "== torch integration (pytest)"
-  /usr/bin/python3 -m pytest -q tests/hooks
+  echo "== torch integration and benchmark smoke test (pytest)"
+  /usr/bin/python3 -m pytest -q tests/hooks tests/bench
 fi
 echo "== all tests passed"

@@ -1,0 +1,93 @@
+"""Smoke test of the budget sweep harness (bench/sweep.py --quick, about a minute): it must write
+the markdown report and the plots, and what it measured must hold together: dtr's losses
+bit-identical to the plain run's at every budget, positive time ratios, peaks within budgets,
+budget-driven evictions and rematerializations at the lowest budget, and simulator rows.
+Skipped when the build (libdtr.so, dtr-sim) is missing; DTR_BUILD (or DTR_LIB's grandparent)
+names the build directory, default build/."""
+import json
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = "/usr/bin/python3"
+
+
+def build_dir():
+    if os.environ.get("DTR_BUILD"):
+        return os.environ["DTR_BUILD"]
+    if os.environ.get("DTR_LIB"):
+        return os.path.dirname(os.path.dirname(os.environ["DTR_LIB"]))
+    return os.path.join(REPO, "build")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    build = build_dir()
+    for need in ("lib/libdtr.so", "bin/dtr-sim"):
+        if not os.path.exists(os.path.join(build, need)):
+            pytest.skip(f"{need} not found in {build} (set DTR_BUILD)")
+    out = tmp_path_factory.mktemp("sweep")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
+    r = subprocess.run([PY, os.path.join(REPO, "bench", "sweep.py"), "--quick", "--build", build, "--out", str(out),
+                        "--work", str(out / "work")], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    with open(out / "cpu.json") as f:
+        data = json.load(f)
+    return out, data, os.path.exists(os.path.join(build, "bin", "dtr-chain"))
+
+
+def test_report_and_plots_written(report):
+    out, data, _ = report
+    md = (out / "cpu.md").read_text()
+    assert "## Summary" in md and "## Simulator" in md
+    assert data["command"] in md
+    assert "NOT bit-identical" not in md
+    for m in data["models"]:
+        png = out / f"cpu_{m['name']}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"## {m['name']}" in md
+
+
+def test_dtr_runs_bit_identical_within_budget(report):
+    _, data, _ = report
+    for m in data["models"]:
+        assert m["unlimited"]["identical"], m["name"]
+        points = [p for pts in m["sweeps"].values() for p in pts]
+        assert len(points) >= 2, m["name"]
+        for p in points:
+            assert p["identical"], (m["name"], p["ratio"])
+            assert p["time_ratio"] > 0 and p["wall_time_ratio"] > 0
+            assert 0 < p["peak_reserved_bytes"] <= p["budget_bytes"], (m["name"], p["ratio"])
+            assert p["peak_allocated_bytes"] <= p["peak_reserved_bytes"]
+        assert m["plain_step_seconds"] > 0
+
+
+def test_lowest_budget_evicts_and_rematerializes(report):
+    _, data, _ = report
+    for m in data["models"]:
+        for h, pts in m["sweeps"].items():
+            low = min(pts, key=lambda p: p["ratio"])
+            assert low["ratio"] < 1.0, (m["name"], h)
+            s = low["per_step"]
+            # Evictions beyond the eager ones (dropped tensors) happen only under budget pressure.
+            assert s["evictions"] - s["eager_evictions"] > 0, (m["name"], h, s)
+            assert s["rematerializations"] > 0, (m["name"], h, s)
+
+
+def test_simulator_rows(report):
+    _, data, has_chain = report
+    for m in data["models"]:
+        sim = m["sim"]
+        assert sim["peak_bytes"] > 0
+        for h, rows in sim["runs"].items():
+            assert [d["ratio"] for d in rows] == data["settings"]["sim_ratios"], h
+            one = rows[0]
+            assert one["ratio"] == 1.0 and one["status"] == "ok" and one["overhead"] == pytest.approx(0, abs=1e-9)
+            for d in rows:
+                if d["status"] == "ok":
+                    assert d["peak_bytes"] <= d["budget_bytes"] and d["overhead"] >= 0
+        if m.get("chain") and has_chain:
+            rotor = [row["planners"]["rotor"] for row in m["chain"]["rows"] if "rotor" in row["planners"]]
+            assert any(d["status"] == "ok" and d["overhead"] >= 0 for d in rotor), m["name"]
