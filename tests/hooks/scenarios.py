@@ -271,10 +271,22 @@ def batchnorm_stats():
     return {"eval_out": dg(y), "buffers": [dg(b) for b in m.buffers()]}
 
 
+def foreign_memory():
+    """Rule 3: only memory dtr's allocator handed out is ever evicted. A tensor over numpy's memory
+    keeps it (and its data pointer) while everything computed from it is evicted and replayed."""
+    import numpy as np
+    arr = np.random.RandomState(9).rand(64, 64).astype(np.float32)
+    a = torch.from_numpy(arr)
+    b = a.exp()
+    c = b * 2
+    evict_all()
+    return {"a": dg(a), "b": dg(b), "c": dg(c), "a_on_numpy_memory": a.data_ptr() == arr.ctypes.data}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
-                 batchnorm_stats=batchnorm_stats)
+                 batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory)
 
 if __name__ == "__main__":
     import os
