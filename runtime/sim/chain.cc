@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <ostream>
 #include <sstream>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "runtime/sim/text_input.h"
 
 namespace dtr::sim {
 namespace {
@@ -163,15 +163,7 @@ double Chain::base_cost() const {
 
 absl::StatusOr<Chain> ParseChain(absl::string_view text) { return ChainParser().Parse(text); }
 
-absl::StatusOr<Chain> ReadChainFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open chain file '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto chain = ParseChain(buffer.str());
-  if (!chain.ok()) return absl::Status(chain.status().code(), absl::StrCat(path, ": ", chain.status().message()));
-  return chain;
-}
+absl::StatusOr<Chain> ReadChainFile(const std::string& path) { return ParseTextInput(path, "chain", ParseChain); }
 
 void WriteChain(const Chain& chain, std::ostream& out) {
   out << "dtr-chain v" << kChainFormatVersion << "\n";

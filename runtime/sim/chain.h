@@ -84,6 +84,7 @@ struct Chain {
 };
 
 absl::StatusOr<Chain> ParseChain(absl::string_view text);
+// `path` "-" reads standard input (runtime/sim/text_input.h).
 absl::StatusOr<Chain> ReadChainFile(const std::string& path);
 // Writes the chain in format v1; ParseChain reads it back to an equal chain (costs are printed
 // with enough digits to round-trip).

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -243,14 +242,7 @@ int main(int argc, char** argv) {
   if (options.planner != "sequential" && options.segments != 0)
     return Fail("--segments only applies to --planner sequential");
 
-  absl::StatusOr<Chain> chain;
-  if (chain_path == "-") {
-    std::stringstream buffer;
-    buffer << std::cin.rdbuf();
-    chain = ParseChain(buffer.str());
-  } else {
-    chain = ReadChainFile(chain_path);
-  }
+  absl::StatusOr<Chain> chain = ReadChainFile(chain_path);
   if (!chain.ok()) return Fail(std::string(chain.status().message()));
   if (options.segments > chain->length())
     return Fail(absl::StrCat("--segments ", options.segments, " exceeds the chain's ", chain->length(), " stages"));

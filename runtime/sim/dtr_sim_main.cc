@@ -5,7 +5,6 @@
 // The last line printed by a replay is one JSON object (see SimResult::ToJson).
 #include <cmath>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -107,14 +106,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  absl::StatusOr<sim::Trace> trace;
-  if (trace_path == "-") {
-    std::stringstream buffer;
-    buffer << std::cin.rdbuf();
-    trace = sim::ParseTrace(buffer.str());
-  } else {
-    trace = sim::ReadTraceFile(trace_path);
-  }
+  absl::StatusOr<sim::Trace> trace = sim::ReadTraceFile(trace_path);
   if (!trace.ok()) return Fail(std::string(trace.status().message()));
 
   if (!budget_text.empty() && !ratio_text.empty()) return Fail("give --budget or --ratio, not both");

@@ -1,7 +1,6 @@
 // Trace parsing and writing; see Note [Trace format v1] in trace.h.
 #include "runtime/sim/trace.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "runtime/sim/text_input.h"
 
 namespace dtr::sim {
 namespace {
@@ -162,15 +162,7 @@ class Parser {
 
 absl::StatusOr<Trace> ParseTrace(absl::string_view text) { return Parser().Parse(text); }
 
-absl::StatusOr<Trace> ReadTraceFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace file '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto trace = ParseTrace(buffer.str());
-  if (!trace.ok()) return absl::Status(trace.status().code(), absl::StrCat(path, ": ", trace.status().message()));
-  return trace;
-}
+absl::StatusOr<Trace> ReadTraceFile(const std::string& path) { return ParseTextInput(path, "trace", ParseTrace); }
 
 void WriteTrace(const Trace& trace, std::ostream& out) {
   const auto& names = trace.tensor_names;

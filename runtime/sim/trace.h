@@ -56,6 +56,7 @@ struct Trace {
 };
 
 absl::StatusOr<Trace> ParseTrace(absl::string_view text);
+// `path` "-" reads standard input (runtime/sim/text_input.h).
 absl::StatusOr<Trace> ReadTraceFile(const std::string& path);
 void WriteTrace(const Trace& trace, std::ostream& out);
 std::string TraceToString(const Trace& trace);

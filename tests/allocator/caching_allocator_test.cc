@@ -562,17 +562,6 @@ TEST(CachingAllocatorTest, SnapshotTotalsMatchStatsAndPrint) {
   EXPECT_THAT(text, HasSubstr("[+0x0 3.00 MiB allocated]"));
 }
 
-}  // namespace
-}  // namespace dtr::alloc
-
-namespace dtr::alloc {
-namespace {
-
-using ::dtr::alloc::testing::BudgetConfig;
-using ::dtr::alloc::testing::kMiB;
-using ::dtr::alloc::testing::MakeAllocator;
-using ::testing::HasSubstr;
-
 TEST(CachingAllocatorTest, SetBudgetReleasesCacheAndRefusesToGoBelowWhatIsInUse) {
   FakeBackend backend;
   auto allocator = MakeAllocator(BudgetConfig(64 * kMiB), &backend);

@@ -12,12 +12,10 @@ namespace dtr::sim {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::kMiBTolerance;
 using testing::MiB;
 using testing::RotorToyChain;
 using testing::ToMiB;
-
-// The paper quotes MB to two decimals; the fixture's sizes are rounded to bytes.
-constexpr double kMiBTolerance = 0.005 + 1e-6;
 
 ChainSchedule MustParse(const std::string& text) {
   auto schedule = ParseSchedule(text);

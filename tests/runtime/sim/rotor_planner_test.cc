@@ -23,12 +23,12 @@ namespace dtr::sim {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::kMiBTolerance;
 using testing::MiB;
 using testing::RotorToyChain;
 using testing::ToMiB;
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-constexpr double kMiBTolerance = 0.005 + 1e-6;  // the paper's two decimals
 
 RotorOptions Exact() {
   RotorOptions options;

@@ -16,6 +16,8 @@ namespace dtr::sim::testing {
 
 inline uint64_t MiB(double megabytes) { return uint64_t(std::llround(megabytes * 1024 * 1024)); }
 inline double ToMiB(uint64_t bytes) { return double(bytes) / (1024 * 1024); }
+// The paper quotes MB to two decimals; the fixture's sizes are rounded to bytes.
+inline constexpr double kMiBTolerance = 0.005 + 1e-6;
 
 inline Chain RotorToyChain() {
   struct Row {

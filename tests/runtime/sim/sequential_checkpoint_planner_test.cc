@@ -3,6 +3,7 @@
 // torch.utils.checkpoint.checkpoint_sequential's cuts, and no segmentation beats Rotor's optimum.
 #include "runtime/sim/sequential_checkpoint_planner.h"
 
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,12 +19,11 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::kMiBTolerance;
 using testing::MiB;
 using ::testing::Pair;
 using testing::RotorToyChain;
 using testing::ToMiB;
-
-constexpr double kMiBTolerance = 0.005 + 1e-6;
 
 Chain UniformChain(int stages) {
   Chain chain;
@@ -46,17 +46,20 @@ struct SequentialReference {
   double makespan_ms, peak_mib;
 };
 
-TEST(SequentialCheckpoint, BalancedSegmentsReproduceBaselines) {
-  // baselines.md: 2 segments 46.13 ms / 102.32 MB; 3: 48.23 / 97.45; 4: 48.23 / 92.78.
-  const Chain chain = RotorToyChain();
-  for (const SequentialReference& reference :
-       {SequentialReference{2, 46.13, 102.32}, SequentialReference{3, 48.23, 97.45},
-        SequentialReference{4, 48.23, 92.78}}) {
-    auto plan = PlanSequential(chain, reference.segments, Segmentation::kBalanced);
+void ExpectPlansMatch(const Chain& chain, Segmentation segmentation,
+                      std::initializer_list<SequentialReference> references) {
+  for (const SequentialReference& reference : references) {
+    auto plan = PlanSequential(chain, reference.segments, segmentation);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_NEAR(plan->run.makespan, reference.makespan_ms, 1e-9) << reference.segments;
     EXPECT_NEAR(ToMiB(plan->run.peak_bytes), reference.peak_mib, kMiBTolerance) << reference.segments;
   }
+}
+
+TEST(SequentialCheckpoint, BalancedSegmentsReproduceBaselines) {
+  // baselines.md: 2 segments 46.13 ms / 102.32 MB; 3: 48.23 / 97.45; 4: 48.23 / 92.78.
+  const Chain chain = RotorToyChain();
+  ExpectPlansMatch(chain, Segmentation::kBalanced, {{2, 46.13, 102.32}, {3, 48.23, 97.45}, {4, 48.23, 92.78}});
   // The cuts behind them: round(i * 7 / k) over the 7 stages, loss included.
   EXPECT_THAT(*CheckpointSegments(chain, 2, Segmentation::kBalanced), ElementsAre(Pair(1, 4), Pair(5, 7)));
   EXPECT_THAT(*CheckpointSegments(chain, 3, Segmentation::kBalanced), ElementsAre(Pair(1, 2), Pair(3, 5), Pair(6, 7)));
@@ -70,14 +73,7 @@ TEST(SequentialCheckpoint, PyTorchSegmentsOnTheToyChain) {
   EXPECT_THAT(*CheckpointSegments(chain, 3, Segmentation::kPyTorch), ElementsAre(Pair(1, 2), Pair(3, 4), Pair(5, 7)));
   EXPECT_THAT(*CheckpointSegments(chain, 4, Segmentation::kPyTorch),
               ElementsAre(Pair(1, 1), Pair(2, 2), Pair(3, 3), Pair(4, 7)));
-  for (const SequentialReference& reference :
-       {SequentialReference{2, 43.62, 91.66}, SequentialReference{3, 46.13, 92.78},
-        SequentialReference{4, 43.62, 106.97}}) {
-    auto plan = PlanSequential(chain, reference.segments, Segmentation::kPyTorch);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_NEAR(plan->run.makespan, reference.makespan_ms, 1e-9) << reference.segments;
-    EXPECT_NEAR(ToMiB(plan->run.peak_bytes), reference.peak_mib, kMiBTolerance) << reference.segments;
-  }
+  ExpectPlansMatch(chain, Segmentation::kPyTorch, {{2, 43.62, 91.66}, {3, 46.13, 92.78}, {4, 43.62, 106.97}});
 }
 
 TEST(SequentialCheckpoint, ScheduleShape) {

@@ -43,7 +43,7 @@ TEST(Simulator, UnconstrainedRunHasNoEvictionsAndRatioOne) {
 }
 
 TEST(Simulator, EveryHeuristicAndPolicyRunsEveryGeneratorWithinBudget) {
-  for (const std::string& kind : {"chain", "unet", "treelstm", "random-dag"}) {
+  for (const std::string kind : {"chain", "unet", "treelstm", "random-dag"}) {
     Trace trace = Generate(kind);
     auto peak = UnconstrainedPeak(trace);
     ASSERT_TRUE(peak.ok()) << peak.status();
@@ -114,7 +114,9 @@ call f 5 e c2 -> f:100
     for (const auto& h : AllHeuristics()) {
       auto result = Simulate(*trace, Options(budget, h.kind));
       ASSERT_TRUE(result.ok()) << budget << " " << h.name << ": " << result.status();
-      if (result->ok) EXPECT_LE(result->peak_bytes, budget);
+      if (result->ok) {
+        EXPECT_LE(result->peak_bytes, budget);
+      }
     }
   }
 }
