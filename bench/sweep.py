@@ -5,7 +5,7 @@ every heuristic; compares the simulated overhead with planners that know the who
 advance (dtr-chain: Rotor's dynamic program, Chen et al.'s sqrt(N)); and writes
 <out>/<device>.md, <out>/<device>.json and <out>/<device>_<model>.png.
 
-  /usr/bin/python3 bench/sweep.py [--device cpu|cuda] [--models a,b] [--heuristics dtr-eq,dtr,lru]
+  .venv/bin/python bench/sweep.py [--device cpu|cuda] [--models a,b] [--heuristics dtr-eq,dtr,lru]
                                   [--quick] [--out bench/results] [--build build]
 
 Each (model, configuration) runs in its own subprocess (bench/step_worker.py); one process
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 try:
     import bench_models  # noqa: E402
 except ModuleNotFoundError as e:
-    sys.exit(f"sweep: {e} in {sys.executable}; run the sweep with /usr/bin/python3 (Debian's python3-torch)")
+    sys.exit(f"sweep: {e} in {sys.executable}; run the sweep with the venv scripts/setup.sh made (.venv/bin/python)")
 
 WORKER = os.path.join(HERE, "step_worker.py")
 ALL_MODELS = ["resnet", "densenet", "transformer", "unet", "lstm", "treelstm", "chain"]
@@ -53,10 +53,19 @@ def log(msg):
 
 
 # ------------------------------------------------------------------------------------ processes
+def preload_library():
+    """libdtr.so of the dtr package installed in this interpreter (scripts/setup.sh)."""
+    try:
+        import dtr
+    except ImportError:
+        sys.exit(f"sweep: the dtr package is not installed in {sys.executable}; run scripts/setup.sh")
+    return dtr.library_path
+
+
 class Runner:
     def __init__(self, args):
         self.args = args
-        self.lib = os.path.join(args.build, "lib", "libdtr.so")
+        self.lib = preload_library()
         self.sim = os.path.join(args.build, "bin", "dtr-sim")
         self.chain = os.path.join(args.build, "bin", "dtr-chain")
         self.processes = 0
@@ -907,8 +916,9 @@ def parse_args(argv):
     ap.add_argument("--no-refine", action="store_true", help="no finer ratios below the last that worked")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results"), help="where the report goes "
                                                                                  "(default: bench/results)")
-    ap.add_argument("--build", default=os.path.join(REPO, "build"), help="build dir with lib/libdtr.so, bin/dtr-sim, "
-                                                                          "bin/dtr-chain (default: %(default)s)")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"), help="CMake build dir with bin/dtr-sim and "
+                                                                          "bin/dtr-chain (default: %(default)s); dtr "
+                                                                          "itself is the installed package")
     ap.add_argument("--work", default=None, help="traces and chain files (default: <build>/bench-work)")
     ap.add_argument("--rerender", metavar="JSON", help="only rewrite the markdown and plots from a <device>.json "
                                                        "this script wrote (next to it)")
@@ -947,9 +957,9 @@ def parse_args(argv):
         a.no_refine = True
     if a.steps < 1 or a.warmup < 0 or a.trace_steps < 1:
         ap.error("--steps and --trace-steps must be >= 1, --warmup >= 0")
-    lib = os.path.join(a.build, "lib", "libdtr.so")
+    lib = preload_library()
     if not os.path.exists(lib):
-        ap.error(f"{lib} not found: build it first (scripts/bench.sh does), or pass --build DIR")
+        ap.error(f"{lib} not found: reinstall dtr (scripts/setup.sh)")
     sim = os.path.join(a.build, "bin", "dtr-sim")
     if not a.no_sim and not os.path.exists(sim):
         ap.error(f"{sim} not found (ninja -C {a.build} dtr-sim), or pass --no-sim")
@@ -988,15 +998,15 @@ def main(argv=None):
     a = parse_args(argv)
     if a.rerender:
         return rerender(a.rerender)
-    command = " ".join(["/usr/bin/python3" if sys.executable == "/usr/bin/python3" else sys.executable,
+    command = " ".join([os.path.relpath(sys.executable, os.getcwd()) if sys.executable.startswith(REPO) else sys.executable,
                         os.path.relpath(os.path.abspath(__file__), os.getcwd())] + [shlex.quote(t) for t in argv])
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     t0 = time.time()
     info = machine_info(a.device)
     if not info["torch"]:
-        sys.exit(f"sweep: {sys.executable} cannot import torch; run the sweep with /usr/bin/python3 (Debian's "
-                 "python3-torch)")
+        sys.exit(f"sweep: {sys.executable} cannot import torch; run the sweep with the venv scripts/setup.sh "
+                 "made (.venv/bin/python)")
     if a.device == "cuda" and not info["gpu"]:
         sys.exit(f"sweep: --device cuda, but torch in {sys.executable} sees no CUDA device")
     info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")

@@ -1,9 +1,11 @@
-// A plain LibTorch C++ training program with no dtr code in it: dtr applies when the program is
-// run under LD_PRELOAD=build/lib/libdtr.so with DTR_BUDGET set. Prints one line per step with
-// the loss in full precision, and a checksum of the parameters at the end, so runs with and
-// without dtr can be compared bit for bit (tests/hooks/test_cpp_example.py).
+// A plain LibTorch C++ training program linked against dtr (examples/CMakeLists.txt,
+// find_package(dtr)): with DTR_BUDGET set it trains under dtr, with no other change; the same
+// binary also runs under LD_PRELOAD=$(python -m dtr --print-lib). Prints one line per step with
+// the loss in full precision and a checksum of the parameters, so runs with and without dtr can
+// be compared bit for bit (tests/python/test_cpp_example.py), then dtr's stats on stderr.
 #include <cstdio>
 
+#include <dtr/dtr.h>
 #include <torch/torch.h>
 
 int main() {
@@ -24,5 +26,6 @@ int main() {
   double checksum = 0;
   for (const torch::Tensor& p : model->parameters()) checksum += p.sum().item<double>();
   std::printf("param checksum %.17g\n", checksum);
+  std::fprintf(stderr, "dtr active: %d stats: %s\n", dtr_is_active(), dtr_stats_json());
   return 0;
 }

@@ -1,6 +1,12 @@
-// libdtr_torch.so's entry points. The preload shim (shim.c, libdtr.so) loads this library into
-// processes that load libtorch and calls the exported C functions by name (dlsym); a library
-// loaded directly (a .pth file, ctypes, linking) activates from its load-time constructor.
+// libdtr_torch.so's entry points: the C API of include/dtr/dtr.h plus what the preload shim and
+// the Python package call by name. Three ways in:
+//   - the preload shim (shim.c, libdtr.so) dlopens this library once libtorch is in the process
+//     and calls dtr_activate / dtr_thread_init;
+//   - a C++ program linked against it (find_package(dtr)) activates from the load-time
+//     constructor below, from the DTR_* environment;
+//   - the Python package (python/dtr/_library.py) loads it with ctypes while
+//     _DTR_PYTHON_LOADER=1 is set, which makes the constructor stand aside: Python validates the
+//     configuration first (dtr_config_error) so a mistake is a Python exception, not an exit.
 // Activation parses DTR_* (env_config.h), creates g_engine, registers the fallback and
 // torch.ops.dtr.*, installs the CPU allocator, includes DispatchKey::Fake in this thread's
 // dispatch TLS, and writes DTR_STATS_FILE at exit. Only these C functions are exported.
@@ -17,60 +23,56 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "absl/status/status.h"
+#include "runtime/bytes.h"
 #include "hooks/dtr_ops.h"
 #include "hooks/engine.h"
 #include "hooks/env_config.h"
 #include "hooks/fallback.h"
+#include "hooks/include/dtr/dtr.h"
 
 namespace dtr::hooks {
 namespace {
 
 std::atomic<bool> g_active{false};
+std::string g_activation_error;  // why the last dtr_activate returned 1
 
 void AtExit() {
   if (g_engine) g_engine->WriteStatsFile();
 }
 
-}  // namespace
-}  // namespace dtr::hooks
-
-extern "C" {
-
-// Includes DispatchKey::Fake in this thread's TLS (called by the shim's pthread_create wrapper).
-__attribute__((visibility("default"))) void dtr_thread_init() {
-  if (dtr::hooks::g_active.load(std::memory_order_acquire))
-    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
-}
-
-__attribute__((visibility("default"))) int dtr_is_active() { return dtr::hooks::g_active.load() ? 1 : 0; }
-
-// Idempotent. Returns 0 when active (or disabled by DTR_ENABLE=0), exits on a configuration error.
-__attribute__((visibility("default"))) int dtr_activate() {
-  using namespace dtr::hooks;
+// Returns 0 when active or disabled by DTR_ENABLE=0; 1 (with g_activation_error) when dtr cannot
+// take this process. A malformed configuration is returned as 2 without side effects.
+int ActivateOnce(bool exit_on_bad_config) {
   static std::once_flag once;
   static int result = 0;
-  std::call_once(once, [] {
+  std::call_once(once, [exit_on_bad_config] {
     auto cfg = ParseProcessEnv();
     if (!cfg.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(cfg.status().message()).c_str());
-      std::fflush(stderr);
-      _exit(2);
+      g_activation_error = std::string(cfg.status().message());
+      if (exit_on_bad_config) {
+        std::fprintf(stderr, "%s\n", g_activation_error.c_str());
+        std::fflush(stderr);
+        _exit(2);
+      }
+      result = 2;
+      return;
     }
     if (!cfg->enable) return;
-    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(c10::DispatchKey::Fake)) {
-      std::fprintf(stderr,
-                   "dtr: NOT activating: another library already registered a backend fallback for "
-                   "DispatchKey::Fake (this PyTorch may use it for FakeTensor); dtr needs that key.\n");
+    auto* e = new Engine(*cfg);
+    if (absl::Status s = e->Init(); !s.ok()) {
+      g_activation_error = "dtr: initialization failed: " + std::string(s.message());
+      delete e;
       result = 1;
       return;
     }
-    auto* e = new Engine(*cfg);
-    if (absl::Status s = e->Init(); !s.ok()) {
-      std::fprintf(stderr, "dtr: initialization failed: %s\n", std::string(s.message()).c_str());
-      _exit(2);
-    }
     g_engine = e;
-    RegisterFallback();
+    if (absl::Status s = RegisterFallback(); !s.ok()) {
+      // Nothing else was installed yet: the process runs on without dtr.
+      g_engine = nullptr;
+      g_activation_error = "dtr: NOT activating: " + std::string(s.message());
+      result = 1;
+      return;
+    }
     RegisterDtrOps();
     c10::SetCPUAllocator(e->adapter(), /*priority=*/100);
     g_active.store(true, std::memory_order_release);
@@ -81,9 +83,107 @@ __attribute__((visibility("default"))) int dtr_activate() {
   return result;
 }
 
+}  // namespace
+}  // namespace dtr::hooks
+
+extern "C" {
+
+// Includes DispatchKey::Fake in this thread's TLS (the shim's pthread_create wrapper, Python's
+// thread start hook, or a C++ program's own threads).
+__attribute__((visibility("default"))) void dtr_thread_init(void) {
+  if (dtr::hooks::g_active.load(std::memory_order_acquire))
+    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
+}
+
+__attribute__((visibility("default"))) int dtr_is_active(void) {
+  return dtr::hooks::g_active.load() && dtr::hooks::g_engine != nullptr && !dtr::hooks::g_engine->paused() ? 1 : 0;
+}
+
+// Idempotent. 0: active (or disabled by DTR_ENABLE=0); 1: cannot activate (reason on stderr).
+// Exits with status 2 on a malformed DTR_* variable (the preload and linked-program paths: the
+// program must not run on silently without the budget it asked for).
+__attribute__((visibility("default"))) int dtr_activate(void) {
+  int r = dtr::hooks::ActivateOnce(/*exit_on_bad_config=*/true);
+  if (r == 1) std::fprintf(stderr, "%s\n", dtr::hooks::g_activation_error.c_str());
+  return r;
+}
+
+// For the Python package: like dtr_activate, but a malformed configuration returns 2 and the
+// message is left for dtr_last_error (Python raises ValueError with it).
+__attribute__((visibility("default"))) int dtr_activate_checked(void) {
+  return dtr::hooks::ActivateOnce(/*exit_on_bad_config=*/false);
+}
+
+__attribute__((visibility("default"))) const char* dtr_last_error(void) {
+  return dtr::hooks::g_activation_error.c_str();
+}
+
+// Validates the DTR_* environment without activating: "" when valid, else the message.
+__attribute__((visibility("default"))) const char* dtr_config_error(void) {
+  static thread_local std::string msg;
+  auto cfg = dtr::hooks::ParseProcessEnv();
+  msg = cfg.ok() ? std::string() : std::string(cfg.status().message());
+  return msg.c_str();
+}
+
+// The parsed configuration, printable (python -m dtr --info).
+__attribute__((visibility("default"))) const char* dtr_config_string(void) {
+  static thread_local std::string msg;
+  auto cfg = dtr::hooks::ParseProcessEnv();
+  msg = cfg.ok() ? cfg->ToString() : std::string(cfg.status().message());
+  return msg.c_str();
+}
+
+__attribute__((visibility("default"))) const char* dtr_stats_json(void) {
+  static thread_local std::string json;
+  json = dtr::hooks::g_engine ? dtr::hooks::g_engine->StatsJson() : std::string("{}");
+  return json.c_str();
+}
+
+__attribute__((visibility("default"))) int dtr_set_budget(int64_t bytes) {
+  if (!dtr::hooks::g_engine) return 2;
+  try {
+    dtr::hooks::g_engine->SetBudget(bytes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// dtr.disable() (1) / dtr.enable() after it (0). See Engine::SetPaused.
+__attribute__((visibility("default"))) void dtr_set_paused(int paused) {
+  if (dtr::hooks::g_engine) dtr::hooks::g_engine->SetPaused(paused != 0);
+}
+
+// The value of DispatchKey::Fake in this torch, for the Python side (torch._C.DispatchKey(value)):
+// Python's enum does not list Fake, and its value is not fixed across releases.
+__attribute__((visibility("default"))) int dtr_dispatch_key(void) {
+  return static_cast<int>(c10::DispatchKey::Fake);
+}
+
+// Parses a byte quantity the way DTR_BUDGET is parsed ("6GiB", "512M", "unlimited"): the bytes,
+// -1 for unlimited, or -2 on error (message in dtr_last_error). For dtr.set_budget("6GiB").
+__attribute__((visibility("default"))) int64_t dtr_parse_bytes(const char* text) {
+  if (std::string(text) == "unlimited" || std::string(text) == "none") return -1;
+  auto b = dtr::ParseBytes(text);
+  if (!b.ok()) {
+    dtr::hooks::g_activation_error = std::string(b.status().message());
+    return -2;
+  }
+  return *b == dtr::kUnlimitedBudget ? -1 : int64_t(*b);
+}
+
+__attribute__((visibility("default"))) const char* dtr_built_torch_version(void) { return DTR_BUILT_TORCH_VERSION; }
+
 }  // extern "C"
 
 namespace {
-// Loaded directly (a .pth file, ctypes, or linking): activate at load time.
-__attribute__((constructor)) void DtrTorchCtor() { dtr_activate(); }
+// Loaded directly (linked into a C++ program, or dlopened by the shim): activate at load time.
+// The Python package loads with _DTR_PYTHON_LOADER=1 and activates itself, checked.
+__attribute__((constructor)) void DtrTorchCtor() {
+  const char* py = std::getenv("_DTR_PYTHON_LOADER");
+  if (py != nullptr && py[0] == '1') return;
+  dtr_activate();
+}
 }  // namespace

@@ -108,6 +108,18 @@ void Engine::SetBudget(int64_t bytes) {
   release_on_free_ = bytes > 0;
 }
 
+void Engine::SetPaused(bool paused) {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  Busy b(this);
+  if (paused) {
+    for (const auto& [packed, e] : entries_) {
+      const StorageRecord* r = rt_->storage(e->sid);
+      if (!e->dead && r != nullptr && !r->resident()) Check(rt_->Access(e->sid), "disable");
+    }
+  }
+  paused_.store(paused, std::memory_order_release);
+}
+
 int64_t Engine::Budget() {
   std::lock_guard<std::recursive_mutex> l(mu_);
   return cfg_.unlimited() ? -1 : int64_t(cfg_.budget_bytes);
@@ -365,6 +377,7 @@ alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
   } else {
     l.lock();
   }
+  if (paused()) return res;
   Busy b(this);
   struct AddElapsed {  // Note [Where the time goes]
     double* into;

@@ -104,6 +104,11 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   void SetBudget(int64_t bytes);
   int64_t Budget();
   void ResetPeak() { alloc_->ResetPeakStats(); }
+  // dtr.disable() / dtr.enable(): while paused the fallback passes every op through and nothing
+  // is evicted. Pausing first brings back every evicted storage the program still holds, so
+  // code that runs while paused (or reads memory outside the dispatcher) sees real data.
+  void SetPaused(bool paused);
+  bool paused() const { return paused_.load(std::memory_order_acquire); }
 
  private:
   struct Busy {
@@ -161,6 +166,7 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   int next_trace_id_ = 0;
   std::ofstream trace_;
   std::atomic<bool> release_on_free_{false};
+  std::atomic<bool> paused_{false};
 };
 
 // The process's engine: set once by dtr_activate (activation.cc), never destroyed; null while dtr

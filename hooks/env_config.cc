@@ -18,8 +18,7 @@ namespace {
 
 const char* const kKnown[] = {"DTR_BUDGET",     "DTR_HEURISTIC",  "DTR_DEALLOC",
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
-                              "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_DEBUG_DISABLE_RULES",
-                              "DTR_LIB"};
+                              "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;

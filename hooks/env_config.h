@@ -26,7 +26,6 @@
 //                        generator / saved default state, ops that consume the default generator
 //                        unexpectedly are not recorded, the default dtype is the recorded one
 //                   (3 is structural: only storages our allocator produced ever get a recipe.)
-//   DTR_LIB         ignored by the library (used by the test-suite to locate it)
 // Any other DTR_* variable is an error (typos must not silently run without a budget).
 #ifndef DTR_HOOKS_ENV_CONFIG_H_
 #define DTR_HOOKS_ENV_CONFIG_H_

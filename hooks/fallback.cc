@@ -41,7 +41,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     exec_ns_ += cost;
     return cost;
   };
-  if (at::in_parallel_region()) return pass();
+  // Note [Key order]: in 2.11 (maybe 2.12) Fake sits above Python, so a TorchDispatchMode or a
+  // __torch_dispatch__ subclass has not run yet when we see the op: ks then has the Python key
+  // and the op passes through (the mode redispatches the real op to us, with Python excluded).
+  // From 2.13 Fake is below Python and ks never has it here.
+  if (at::in_parallel_region() || ks.has(c10::DispatchKey::Python) || paused()) return pass();
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -312,13 +316,23 @@ void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   g_engine->Fallback(op, ks, stack);
 }
 
-torch::Library* g_fallback_lib = nullptr;
-
 }  // namespace
 
-void RegisterFallback() {
-  g_fallback_lib = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::Fake, __FILE__, __LINE__);
-  g_fallback_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&BoxedFallback>());
+absl::Status RegisterFallback() {
+  c10::Dispatcher& d = c10::Dispatcher::singleton();
+  // A second registration would throw (or abort, from a static initializer): check first.
+  if (d.hasBackendFallbackForDispatchKey(c10::DispatchKey::Fake))
+    return absl::FailedPreconditionError(
+        "another library already registered a backend fallback for DispatchKey::Fake (a PyTorch that "
+        "uses it for its own FakeTensor, or dtr loaded twice from different copies); dtr needs that key. "
+        "Nothing was changed; run without dtr or with the PyTorch versions README lists");
+  // Leaked on purpose: the fallback stays for the life of the process (tensors die during
+  // static destruction too, and their ops must still find it).
+  static auto* handle = new c10::RegistrationHandleRAII(
+      d.registerFallback(c10::DispatchKey::Fake, c10::KernelFunction::makeFromBoxedFunction<&BoxedFallback>(),
+                         "dtr: hooks/fallback.cc"));
+  (void)handle;
+  return absl::OkStatus();
 }
 
 }  // namespace dtr::hooks

@@ -3,10 +3,13 @@
 #ifndef DTR_HOOKS_FALLBACK_H_
 #define DTR_HOOKS_FALLBACK_H_
 
+#include "absl/status/status.h"
+
 namespace dtr::hooks {
 
 // Registers the fallback, forwarding every op to g_engine (which must be set). Once per process.
-void RegisterFallback();
+// FailedPrecondition, changing nothing, when something else already owns DispatchKey::Fake.
+absl::Status RegisterFallback();
 
 }  // namespace dtr::hooks
 

@@ -1,28 +1,49 @@
 #!/usr/bin/env bash
-# Installs everything dtr needs to build and test on a fresh Debian 12 machine (CI included).
-# Idempotent: packages already present are skipped by apt. Run as root or with sudo available.
+# Sets up a fresh Debian 12 machine for dtr, idempotently (CI included):
+#   1. Debian packages: compilers, CMake, Ninja, abseil, GoogleTest, Google Benchmark, Python's
+#      venv and headers;
+#   2. a virtual environment (scripts/env.sh: .venv with torch 2.14.1 by default,
+#      TORCH_VERSION=2.13.0 for the CPU wheel in .venv-2.13.0) with torch pinned (any other
+#      request would download gigabytes), torchvision 0.29.1 beside 2.14.1 (the only torch it
+#      imports with), pytest, numpy, matplotlib, scikit-build-core and ninja;
+#   3. dtr itself: `pip install --no-build-isolation .`, built against that torch (build tree
+#      kept in build/py-torch<version> so a rebuild is incremental).
+# Run as root or with sudo available.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
 
-packages=(
-  build-essential cmake ninja-build pkg-config
-  libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  # LibTorch 1.13 (CPU) and its Python binding for /usr/bin/python3: used by hooks/ and tests/hooks.
-  libtorch-dev python3-torch python3-pytest python3-numpy
-  # Plots of the benchmark results (bench/sweep.py).
-  python3-matplotlib
-)
-
+packages=(build-essential cmake ninja-build pkg-config libabsl-dev libgtest-dev libgmock-dev googletest
+          libbenchmark-dev python3-venv python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages already installed"
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+python=${PYTHON:-$(command -v python3.11 || command -v python3)}
+if [ ! -x "$VENV_PY" ]; then
+  echo "setup: creating $VENV_DIR with $python"
+  "$python" -m venv "$VENV_DIR"
+fi
+# pip, with the machine's "Location ... is ignored" noise dropped (its exit status is kept).
+pip_q() { "$VENV_PY" -m pip -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+want=(torch=="$TORCH_VERSION" numpy pytest matplotlib "scikit-build-core>=0.10" ninja)
+[ "$TORCH_VERSION" = 2.14.1 ] && want+=(torchvision==0.29.1)
+have=$("$VENV_PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+if [ "$have" != "$TORCH_VERSION" ] || ! "$VENV_PY" -c 'import pytest, numpy, matplotlib, scikit_build_core' 2>/dev/null; then
+  echo "setup: installing ${want[*]} into $VENV_DIR"
+  pip_q install "${want[@]}"
+  "$VENV_PY" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
+fi
+
+echo "setup: building and installing dtr into $VENV_DIR (torch $TORCH_VERSION)"
+pip_q install --no-build-isolation -C build-dir="build/py-torch$TORCH_VERSION" .
+"$VENV_PY" -m dtr --info

@@ -1,26 +1,43 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine (scripts/setup.sh) and runs every test dtr has:
-#   1. the full build (Ninja) and all ctest suites;
+# Sets up a fresh Debian 12 machine (scripts/setup.sh: the venv with torch and dtr installed) and
+# runs every test dtr has:
+#   1. the C++ build (Ninja; runtime, allocator, simulator) and all its ctest suites;
 #   2. the runtime and allocator unit tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
-#   4. the torch integration tests and the benchmark harness's smoke test (pytest with
-#      /usr/bin/python3), when hooks/ is built.
-# Usage: bash scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
+#   4. pytest through the installed package: tests/hooks (the torch integration), tests/python
+#      (activation paths, the C++ example via find_package(dtr), the main job) and tests/bench.
+# Usage: bash scripts/test.sh [--quick] [--python-only]
+#   --quick        skips the sanitizer builds
+#   --python-only  only steps 1's simulator build and 4 (CI runs the C++ suites once, for the
+#                  first wheel, and the torch tests for each wheel)
+#   TORCH_VERSION=2.13.0 bash scripts/test.sh   against the other wheel (scripts/env.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+python_only=0
+for a in "$@"; do
+  case "$a" in
+    --quick) quick=1 ;;
+    --python-only) python_only=1 ;;
+    *) echo "test.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
 
 bash scripts/setup.sh
+source scripts/env.sh
 jobs=$(nproc)
 
-echo "== build (RelWithDebInfo)"
-cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-ninja -C build -j"$jobs"
-echo "== tests"
-ctest --test-dir build --output-on-failure -j"$jobs"
+echo "== C++ build (RelWithDebInfo)"
+cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_BUILD_HOOKS=OFF >/dev/null
+if [ "$python_only" -eq 1 ]; then
+  ninja -C build -j"$jobs" dtr-sim dtr-chain
+else
+  ninja -C build -j"$jobs"
+  echo "== C++ tests"
+  ctest --test-dir build --output-on-failure -j"$jobs"
+fi
 
-if [ "$quick" -eq 0 ]; then
+if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
   echo "== ASan + UBSan: runtime and allocator unit tests"
   cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_SANITIZE=address,undefined >/dev/null
   ninja -C build-asan -j"$jobs"
@@ -32,8 +49,6 @@ if [ "$quick" -eq 0 ]; then
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L threads --output-on-failure
 fi
 
-if [ -d tests/hooks ] && [ -f build/lib/libdtr.so ]; then
-  echo "== torch integration and benchmark smoke test (pytest)"
-  /usr/bin/python3 -m pytest -q tests/hooks tests/bench
-fi
-echo "== all tests passed"
+echo "== torch $TORCH_VERSION: integration, package and benchmark smoke tests (pytest, $VENV_DIR)"
+BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider tests/hooks tests/python tests/bench
+echo "== all tests passed (torch $TORCH_VERSION)"

@@ -6,11 +6,19 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
-PY = "/usr/bin/python3"
+PY = sys.executable
 
 
 def dtr_lib():
-    return os.environ.get("DTR_LIB", os.path.join(REPO, "build", "lib", "libdtr.so"))
+    """The preload library of the dtr package installed in this interpreter (the tests run
+    through the package, as users do: scripts/setup.sh installs it into the venv)."""
+    import dtr
+    return dtr.library_path
+
+
+def build_dir():
+    """The CMake build with dtr-sim and dtr-chain (scripts/test.sh builds it)."""
+    return os.environ.get("BUILD_DIR", os.path.join(REPO, "build"))
 
 
 def clean_env(**extra):
@@ -29,6 +37,6 @@ def run(args, preload=False, timeout=300, **dtr_env):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _require_lib():
-    if not os.path.exists(dtr_lib()):
-        pytest.skip(f"libdtr.so not found at {dtr_lib()} (set DTR_LIB)")
+def _require_package():
+    # Not a skip: a missing package is a broken setup, and skipped tests would hide it.
+    assert os.path.exists(dtr_lib()), f"dtr is not installed in {sys.executable} (run scripts/setup.sh)"

@@ -1,6 +1,6 @@
 """Overhead of the preloaded dtr with no budget pressure (not a test): runs each model's training
 (train.py, a few steps, repeated) plainly and under LD_PRELOAD=libdtr.so without DTR_BUDGET, and
-prints wall times and the ratio. Usage: DTR_LIB=.../libdtr.so /usr/bin/python3 overhead.py [reps]"""
+prints wall times and the ratio. Usage: .venv/bin/python tests/hooks/overhead.py [reps]"""
 import os
 import subprocess
 import sys

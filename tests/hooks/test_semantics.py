@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import HERE, PY, REPO, dtr_lib, run
+from conftest import HERE, PY, REPO, build_dir, run
 
 SCEN = os.path.join(HERE, "scenarios.py")
 TRAIN = os.path.join(HERE, "train.py")
@@ -113,7 +113,7 @@ def test_trace_file_replays_in_simulator(tmp_path):
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
     assert f.read_text().startswith("dtr-trace 1")
-    sim = os.path.join(os.path.dirname(os.path.dirname(dtr_lib())), "bin", "dtr-sim")
+    sim = os.path.join(build_dir(), "bin", "dtr-sim")
     if not os.path.exists(sim):
         pytest.skip("dtr-sim not built next to the library")
     p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,235 @@
+"""Every way a user turns dtr on (README "Using it"), each training the same model under a budget
+that forces evictions, with losses, per-step gradient digests and final parameters bit-identical
+to a plain run; the ways of leaving it off change nothing; `python -m dtr` runs its target exactly
+as `python` would; bad input gets a clear error."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks"))
+from conftest import HERE, PY, REPO, clean_env, dtr_lib  # noqa: E402
+
+TRAIN = os.path.join(HERE, "train.py")
+MODEL = "transformer"
+BIN = os.path.dirname(PY)
+
+
+def sh(args, timeout=300, **env):
+    """Runs with a clean environment plus `env` (no preload unless given)."""
+    return subprocess.run(args, env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def result(r):
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The plain run's digests, and a budget at 85% of dtr's peak without a budget."""
+    plain = result(sh([PY, TRAIN, MODEL]))
+    assert plain["dtr"] is None  # no DTR_* variable: dtr is not there at all
+    unbudgeted = result(sh([PY, "-m", "dtr", TRAIN, MODEL]))
+    peak = unbudgeted["dtr"]["peak_allocated_bytes"]
+    return plain, int(peak * 0.85)
+
+
+def assert_same_training_with_evictions(res, plain, budget):
+    for key in ("losses", "grads", "params"):
+        assert res[key] == plain[key], key
+    assert res["dtr"]["budget_bytes"] == budget
+    assert res["dtr"]["peak_reserved_bytes"] <= budget
+    assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
+def test_python_m_dtr_script(reference, tmp_path):
+    plain, budget = reference
+    stats = tmp_path / "stats.json"
+    res = result(sh([PY, "-m", "dtr", "--budget", str(budget), "--stats-file", str(stats), TRAIN, MODEL]))
+    assert_same_training_with_evictions(res, plain, budget)
+    assert json.loads(stats.read_text())["evictions"] == res["dtr"]["evictions"]
+
+
+def test_python_m_dtr_module(reference):
+    plain, budget = reference
+    r = subprocess.run([PY, "-m", "dtr", f"--budget={budget}", "-m", "train", MODEL], cwd=HERE,
+                       env=clean_env(PYTHONPATH=HERE), capture_output=True, text=True, timeout=300)
+    assert_same_training_with_evictions(result(r), plain, budget)
+
+
+def test_dtr_run_console_script(reference):
+    plain, budget = reference
+    dtr_run = os.path.join(BIN, "dtr-run")
+    assert os.path.exists(dtr_run), "the package installs the dtr-run console script"
+    # Through a shell: the whole child process tree is under dtr.
+    res = result(sh([dtr_run, "--budget", str(budget), "--", "/bin/sh", "-c", f'"{PY}" "{TRAIN}" {MODEL}']))
+    assert_same_training_with_evictions(res, plain, budget)
+
+
+def test_environment_variable_alone(reference):
+    plain, budget = reference
+    assert_same_training_with_evictions(result(sh([PY, TRAIN, MODEL], DTR_BUDGET=budget)), plain, budget)
+
+
+def test_ld_preload_of_print_lib(reference):
+    plain, budget = reference
+    lib = sh([PY, "-m", "dtr", "--print-lib"]).stdout.strip()
+    assert lib == dtr_lib() and os.path.exists(lib)
+    res = result(sh([PY, TRAIN, MODEL], LD_PRELOAD=lib, DTR_BUDGET=budget))
+    assert_same_training_with_evictions(res, plain, budget)
+
+
+def test_dtr_enable_in_code(reference):
+    plain, budget = reference
+    assert_same_training_with_evictions(result(sh([PY, TRAIN, MODEL, "--enable", str(budget)])), plain, budget)
+
+
+def test_dtr_enable_after_tensors_exist(reference):
+    # The model and its batches were allocated before dtr: they are never evicted and not in the
+    # budget, so the budget here is what the step needs beyond them.
+    plain, _ = reference
+    peak = result(sh([PY, TRAIN, MODEL, "--enable-late", "unlimited"]))["dtr"]["peak_allocated_bytes"]
+    res = result(sh([PY, TRAIN, MODEL, "--enable-late", str(int(peak * 0.85))]))
+    for key in ("losses", "grads", "params"):
+        assert res[key] == plain[key], key
+    assert res["dtr"]["evictions"] > 0, res["dtr"]
+
+
+def test_without_dtr_variables_nothing_changes():
+    probe = "import sys, torch; print('dtr' in sys.modules, hasattr(torch.ops.dtr, 'stats'))"
+    r = sh([PY, "-c", probe])
+    assert r.stdout.split() == ["False", "False"], r.stderr
+    # DTR_ENABLE=0 wins over a budget: not preloaded, not active.
+    r = sh([PY, "-c", "import os, torch; print(os.environ.get('LD_PRELOAD', ''), hasattr(torch.ops.dtr, 'stats'))"],
+           DTR_BUDGET="64MiB", DTR_ENABLE="0")
+    assert "libdtr" not in r.stdout and r.stdout.split()[-1] == "False", (r.stdout, r.stderr)
+
+
+def test_disable_and_enable_again():
+    code = r"""
+import torch, dtr
+torch.manual_seed(0)
+dtr.enable(budget="1GiB")
+w = torch.randn(256, 256, requires_grad=True)
+acts = [torch.tanh(torch.randn(64, 256) @ w) for _ in range(8)]
+import hashlib
+digest = lambda a: hashlib.sha256(a.detach().numpy().tobytes()).hexdigest()
+ref = [digest(a) for a in acts]   # all resident still: nothing was evicted yet
+dtr.set_budget(600_000)        # evicts most activations
+evicted_before = dtr.stats()["evictions"]
+dtr.disable()
+assert not dtr.is_enabled() and dtr.budget() is None
+# Every activation is resident again: .numpy() reads real memory without a pin.
+same = [digest(a) for a in acts] == ref
+more = [torch.tanh(a @ w) for a in acts]
+assert dtr.stats()["evictions"] == evicted_before, "nothing is evicted while disabled"
+# `more` was made while disabled: dtr cannot replay it, so it is a constant from now on.
+dtr.enable(budget=2_000_000)
+assert dtr.is_enabled() and dtr.budget() == 2_000_000
+fresh = [torch.tanh(torch.randn(64, 256) @ w) for _ in range(16)]
+loss = sum(m.sum() for m in more) + sum(f.sum() for f in fresh)
+loss.backward()
+print(evicted_before, same, dtr.stats()["evictions"] > evicted_before)
+"""
+    r = sh([PY, "-c", code])
+    assert r.returncode == 0, r.stderr[-3000:]
+    n, same, more = r.stdout.split()
+    assert int(n) > 0 and same == "True" and more == "True"
+
+
+# ---- python -m dtr runs the target exactly as python would ----
+
+TARGET = r"""
+import sys
+print(repr(sys.argv), __name__, flush=True)
+if len(sys.argv) > 1 and sys.argv[1] == "raise":
+    raise KeyError("boom")
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def test_python_m_dtr_is_python(tmp_path):
+    script = tmp_path / "target.py"
+    script.write_text(TARGET)
+    for args in (["7"], ["raise"], ["a b", "--budget", "x"]):
+        plain = sh([PY, str(script), *args])
+        under = sh([PY, "-m", "dtr", "--budget", "1GiB", str(script), *args])
+        assert (under.returncode, under.stdout) == (plain.returncode, plain.stdout), (args, under.stderr)
+        if args == ["raise"]:
+            assert under.returncode == 1 and "KeyError: 'boom'" in under.stderr
+    (tmp_path / "targetmod.py").write_text(TARGET)
+    plain = subprocess.run([PY, "-m", "targetmod", "3"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    under = subprocess.run([PY, "-m", "dtr", "-m", "targetmod", "3"], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True)
+    assert (under.returncode, under.stdout) == (plain.returncode, plain.stdout) == (3, plain.stdout)
+    c = sh([PY, "-m", "dtr", "-c", "import sys, torch; print(sys.argv, torch.ops.dtr.is_active())", "x"])
+    assert c.stdout.strip() == "['-c', 'x'] True", c.stderr
+
+
+# ---- information and errors ----
+
+def test_info_prints_versions_features_and_configuration():
+    import torch
+    r = sh([PY, "-m", "dtr", "--info"], DTR_BUDGET="6GiB")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"torch {torch.__version__}" in out
+    assert ("CUDA " + torch.version.cuda + " build") in out if torch.version.cuda else "(CPU build)" in out
+    assert "CPU adapter: compiled" in out and "CUDA adapter: not compiled" in out
+    assert "budget=6.00 GiB" in out
+
+
+def test_info_refuses_a_mismatched_torch(tmp_path):
+    import dtr
+    pkg = tmp_path / "dtr"
+    shutil.copytree(os.path.dirname(dtr.__file__), pkg)
+    info = (pkg / "_build_info.py").read_text()
+    (pkg / "_build_info.py").write_text(info.replace("TORCH_VERSION = ", "TORCH_VERSION = '2.99.0' #"))
+    for args in (["--info"], ["-c", "print('ran')"]):
+        r = sh([PY, "-m", "dtr", *args], PYTHONPATH=str(tmp_path))
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert "built against torch 2.99.0" in r.stderr and "--no-build-isolation" in r.stderr
+        assert "ran" not in r.stdout
+
+
+def test_bad_input_is_a_clear_error():
+    r = sh([PY, "-m", "dtr", "--budget", "12XB", "-c", "import torch; print('ran')"])
+    assert r.returncode == 2 and "DTR_BUDGET" in r.stderr and "accepted" in r.stderr and "ran" not in r.stdout
+    r = sh([PY, "-m", "dtr", "--bugdet", "1G", "x.py"])
+    assert r.returncode == 2 and "--bugdet" in r.stderr
+    r = sh([os.path.join(BIN, "dtr-run"), "--budget", "1G"])
+    assert r.returncode == 2 and "no command" in r.stderr
+    code = r"""
+import dtr
+for kw in ({"budget": "12XB"}, {"budget": -5}, {"heuristic": "nope"}, {"bogus": 1}):
+    try:
+        dtr.enable(**kw)
+    except (ValueError, TypeError) as e:
+        print(type(e).__name__, str(e).splitlines()[0][:60])
+print(dtr.is_enabled())
+"""
+    r = sh([PY, "-c", code])
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and len(lines) == 5, (r.stdout, r.stderr)
+    assert lines[0].startswith("ValueError") and "12XB" in lines[0]
+    assert lines[1].startswith("ValueError")
+    assert lines[2].startswith("ValueError") and "DTR_HEURISTIC" in lines[2]
+    assert lines[3].startswith("TypeError") and "bogus" in lines[3]
+    assert lines[4] == "False"  # nothing was activated by the failed attempts
+
+
+def test_infeasible_budget_is_torch_out_of_memory_error():
+    code = r"""
+import torch, dtr
+dtr.enable(budget="64KiB")
+try:
+    x = torch.randn(1000, 1000)
+except torch.OutOfMemoryError as e:
+    print("caught", "DTR_BUDGET" in str(e) or "budget" in str(e))
+"""
+    r = sh([PY, "-c", code])
+    assert r.stdout.strip() == "caught True", (r.stdout, r.stderr[-2000:])
