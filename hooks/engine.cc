@@ -78,7 +78,7 @@ std::string Engine::Breakdown() {
 }
 
 void Engine::PinTensor(const at::Tensor& t, bool pin) {
-  if (!t.defined() || !t.has_storage() || !t.is_cpu()) return;
+  if (!t.defined() || !Manageable(t)) return;
   std::lock_guard<std::recursive_mutex> l(mu_);
   Busy b(this);
   Entry* e = EntryOf(t, pin);
@@ -174,8 +174,49 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
   return e;
 }
 
-bool Engine::OnSlotDeleted(Slot* s) {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+// Note [Deleters never wait]
+// A tensor's memory is freed wherever its last reference dies: often on a thread that holds
+// Python's GIL. Another thread may hold mu_ inside an op and, while the kernel drops a tensor
+// that has a Python object, wait for the GIL (TensorImpl::decref_pyobject). Waiting for mu_ here
+// would deadlock the two (seen with two training threads on torch 2.14). So a deleter that
+// cannot take mu_ at once hands the slot over (deferred_slots_) and returns; the thread holding
+// mu_ processes it when its call ends (DrainDeaths), exactly as if the deleter had run then:
+// the bytes stay allocated until then, and an eviction chosen meanwhile releases nothing.
+SlotFate Engine::OnSlotDeleted(Slot* s) {
+  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+  if (!l.owns_lock()) {
+    std::lock_guard<std::mutex> g(deferred_mu_);
+    deferred_slots_.push_back(s);
+    return SlotFate::kDeferred;
+  }
+  return OnSlotDeletedLocked(s) ? SlotFate::kKept : SlotFate::kFree;
+}
+
+void Engine::DrainDeferredSlots() {
+  std::vector<Slot*> slots;
+  {
+    std::lock_guard<std::mutex> g(deferred_mu_);
+    slots.swap(deferred_slots_);
+  }
+  for (Slot* s : slots) {
+    const bool kept = s->entry != nullptr && OnSlotDeletedLocked(s);
+    if (s->mem == nullptr) {
+      delete s;  // a tombstone: as TombDeleter would have
+    } else if (!kept) {
+      FreeSlot(s);
+    }
+  }
+}
+
+void Engine::FreeSlot(Slot* s) {
+  absl::Status st = alloc_->Free(s->mem);
+  if (!st.ok()) std::fprintf(stderr, "dtr: free failed: %s\n", std::string(st.message()).c_str());
+  // Note [CPU allocator granularity]: under a budget, keep no cached free segments, so a later
+  // request never splits a larger cached segment (remnants fragment the budget).
+  if (release_on_free()) alloc_->EmptyCache();
+}
+
+bool Engine::OnSlotDeletedLocked(Slot* s) {
   Entry* e = s->entry;
   s->entry = nullptr;
   if (e == nullptr || e->slot != s) return false;
@@ -211,6 +252,7 @@ bool Engine::OnSlotDeleted(Slot* s) {
 }
 
 void Engine::DrainDeaths() {
+  if (has_deferred_slots()) DrainDeferredSlots();
   while (!deaths_.empty() && busy_ == 0) {
     std::vector<Entry*> d;
     d.swap(deaths_);

@@ -73,8 +73,10 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
   // ---------------- deleter ----------------
-  // Returns true when the bytes were kept (stolen into an internal StorageImpl).
-  bool OnSlotDeleted(Slot* s);
+  // Called by the deleters of tracked slots (storage_slots.h).
+  SlotFate OnSlotDeleted(Slot* s);
+  // Gives a resident slot's block back to the allocator.
+  void FreeSlot(Slot* s);
 
   // ---------------- ReplayBackend ----------------
   absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override;
@@ -119,6 +121,12 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
     Engine* e_;
   };
 
+  // Whether dtr can record, evict and replay this tensor's storage: dense strided CPU memory
+  // with no Python key (subclasses, FakeTensor) and not quantized or nested.
+  static bool Manageable(const at::Tensor& t) {
+    return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage() && t.is_cpu() &&
+           t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested();
+  }
   Entry* EntryOf(const at::Tensor& t, bool create);
   Entry* FindEntry(StorageId sid) {
     auto it = entries_.find(sid.packed());
@@ -126,6 +134,12 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   }
   Entry* NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes);
   void DrainDeaths();
+  bool OnSlotDeletedLocked(Slot* s);
+  void DrainDeferredSlots();
+  bool has_deferred_slots() {
+    std::lock_guard<std::mutex> g(deferred_mu_);
+    return !deferred_slots_.empty();
+  }
   void Sweep();
   void Check(const absl::Status& s, const char* what);
   void TraceLine(const std::string& s) {
@@ -143,6 +157,8 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
   std::vector<Entry*> deaths_;
+  std::mutex deferred_mu_;             // guards deferred_slots_ only; never held while calling out
+  std::vector<Slot*> deferred_slots_;  // Note [Deleters never wait]
   int busy_ = 0;
   uint64_t ops_seen_ = 0;
   uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)

@@ -29,6 +29,17 @@
 
 namespace dtr::hooks {
 
+// Whether an op's returns include an object that may hold its tensor inputs out of the
+// dispatcher's sight (quantized::linear_prepack packs its bias into a torchbind object; later
+// ops read it from there). Its inputs are then pinned for good (Note [Unmanaged operands]).
+static bool ReturnsHideTensors(const torch::jit::Stack& stack, size_t nret) {
+  for (size_t i = stack.size() - nret; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isObject() || v.isCapsule() || v.isGenericDict() || v.isFuture()) return true;
+  }
+  return false;
+}
+
 void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Fake);
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
@@ -55,14 +66,38 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const OpInfo& info = it->second;
   if (info.kind == Kind::kPassthrough) return pass();
 
-  // Tensors we cannot manage make the whole op pass through untouched.
+  // Note [Unmanaged operands]: an op with a tensor dtr cannot record or replay (sparse,
+  // quantized, nested, a Python-key subclass, another device) runs unrecorded, but its
+  // operands that are ours must be resident while it runs (a sparse.mm(coo, h) with an evicted
+  // h would read unallocated memory): they are pinned for the op's duration. Its outputs become
+  // constants when first used.
   bool unmanaged = false;
   ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-    if (t.key_set().has(c10::DispatchKey::Python) || !t.has_storage() || !t.is_cpu() ||
-        t.layout() != c10::kStrided || t.is_quantized())
-      unmanaged = true;
+    if (!Manageable(t)) unmanaged = true;
   });
-  if (unmanaged) return pass();
+  if (unmanaged) {
+    Busy busy(this);
+    std::vector<StorageId> held;
+    struct Unpin {
+      Engine* e;
+      std::vector<StorageId>* p;
+      ~Unpin() {
+        for (StorageId id : *p)
+          if (e->rt_->storage(id)) (void)e->rt_->Unpin(id);
+      }
+    } unpin{this, &held};
+    ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
+      if (!Manageable(t)) return;
+      Entry* e = EntryOf(t, false);
+      if (e == nullptr) return;
+      Check(rt_->Pin(e->sid), info.name.c_str());
+      held.push_back(e->sid);
+    });
+    pass();
+    if (ReturnsHideTensors(*stack, schema.returns().size()))
+      for (StorageId id : held) Check(rt_->Pin(id), info.name.c_str());  // for good
+    return;
+  }
 
   Busy busy(this);
   HookClock hook_clock(this);
@@ -185,6 +220,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
     double cost = timed_pass();
+    if (ReturnsHideTensors(*stack, schema.returns().size()))
+      for (StorageId id : in_sids) Check(rt_->Pin(id), info.name.c_str());  // for good
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
@@ -247,8 +284,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Ops whose schema declares no aliasing but whose outputs are views of an input (unsafe_split,
   // unsafe_chunk) are views in effect: the storage stays the input's, evictable as before.
   bool views_of_inputs = nret > 0;
+  bool hidden_alias = false;
   ForEachTensor(stack->data() + rbase, nret, [&](Path p, const at::Tensor& t, bool) {
-    if (!t.has_storage() || !t.is_cpu()) {
+    if (!Manageable(t)) {
+      // A sparse, quantized or nested output may hold an input's storage inside it without
+      // the schema saying so (sparse_coo_tensor keeps its values tensor): see below.
+      hidden_alias = hidden_alias || t.is_sparse() || t.is_sparse_csr() || t.is_nested();
       replayable = false;
       views_of_inputs = false;
       return;
@@ -280,6 +321,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     delete rr;
     for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     return;
+  }
+  if (hidden_alias) {
+    // When in doubt, pin: the inputs stay resident for good (the temporary pins above are
+    // released when the op returns; these are extra).
+    for (StorageId id : in_sids) Check(rt_->Pin(id), info.name.c_str());
   }
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.

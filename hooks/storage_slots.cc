@@ -20,17 +20,14 @@ uint64_t LastSlotSerial() { return g_serial.load(); }
 
 void DataDeleter(void* data) {
   Slot* s = SlotOfData(data);
-  if (s->entry != nullptr && g_engine != nullptr && g_engine->OnSlotDeleted(s)) return;
-  absl::Status st = g_engine->allocator()->Free(s->mem);
-  if (!st.ok()) std::fprintf(stderr, "dtr: free failed: %s\n", std::string(st.message()).c_str());
-  // Note [CPU allocator granularity]: under a budget, keep no cached free segments, so a later
-  // request never splits a larger cached segment (remnants fragment the budget).
-  if (g_engine->release_on_free()) g_engine->allocator()->EmptyCache();
+  if (s->entry != nullptr && g_engine != nullptr && g_engine->OnSlotDeleted(s) != SlotFate::kFree) return;
+  g_engine->FreeSlot(s);
 }
 
 void TombDeleter(void* ctx) {
   Slot* s = static_cast<Slot*>(ctx);
-  if (s->entry != nullptr && g_engine != nullptr) g_engine->OnSlotDeleted(s);
+  // A deferred tombstone is deleted when the engine processes it (Note [Deleters never wait]).
+  if (s->entry != nullptr && g_engine != nullptr && g_engine->OnSlotDeleted(s) == SlotFate::kDeferred) return;
   delete s;
 }
 

@@ -1,11 +1,13 @@
 """Environment-only activation of dtr, run by dtr.pth at every interpreter start-up.
 
-With no DTR_* variable in the environment it returns at once and imports nothing: installing dtr
-costs other programs nothing. With one (DTR_BUDGET=6GiB, ...) and DTR_ENABLE not 0, the program
-is re-executed under dtr's preload (dtr/_launcher.py, startup)."""
+With no DTR_* variable in the environment and no libdtr.so preloaded it returns at once and
+imports nothing: installing dtr costs other programs nothing. With one (DTR_BUDGET=6GiB, ...)
+and DTR_ENABLE not 0, the program is re-executed under dtr's preload; under the preload, the
+Python-side fixups are applied once torch is imported (dtr/_launcher.py, startup)."""
 import os
 
-if os.environ.get("DTR_ENABLE") != "0" and any(k.startswith("DTR_") for k in os.environ):
+if os.environ.get("DTR_ENABLE") != "0" and ("libdtr.so" in os.environ.get("LD_PRELOAD", "")
+                                            or any(k.startswith("DTR_") for k in os.environ)):
     try:
         from dtr import _launcher
         _launcher.startup()

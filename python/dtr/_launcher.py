@@ -135,17 +135,21 @@ def wanted(env):
 
 def startup():
     env = os.environ
-    if not wanted(env):
+    if env.get("DTR_ENABLE") == "0":
         return
     if _library.loaded_under_preload():
-        _after_torch_import(_apply_fixups)
+        # Preloaded by hand (LD_PRELOAD=$(python -m dtr --print-lib)) or by us: dtr activates as
+        # libtorch loads; Python's part follows the import.
+        _after_import("torch", _apply_fixups)
+        return
+    if not wanted(env):
         return
     mismatch = torch_mismatch()
     if mismatch:
         # Refuse at `import torch`, not here: processes that never use torch (pip, say) go on.
         def refuse():
             raise _library.TorchMismatchError(mismatch)
-        _after_torch_import(refuse)
+        _after_import("torch", refuse)
         return
     _reexec_under_preload()
 
@@ -161,7 +165,7 @@ def _reexec_under_preload():
     except OSError:
         argv, exe = [], ""
     if not argv or exe != os.path.realpath(sys.executable):
-        _after_torch_import(_enable_in_process)
+        _after_import("torch", _enable_in_process)
         return
     env = child_environment({})
     sys.stdout.flush()
@@ -181,14 +185,15 @@ def _enable_in_process():
     dtr.enable()
 
 
-class _TorchImportHook:
-    """A meta-path finder that runs callbacks right after `torch` finishes importing."""
+class _PostImportHook:
+    """A meta-path finder that runs callbacks right after a module finishes importing."""
 
-    def __init__(self):
+    def __init__(self, name):
+        self.name = name
         self.callbacks = []
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -207,15 +212,16 @@ class _TorchImportHook:
         return spec
 
 
-def _after_torch_import(callback):
-    if "torch" in sys.modules:
+def _after_import(module, callback):
+    """Runs `callback` once `module` is imported (now, if it already is)."""
+    if module in sys.modules:
         callback()
         return
     for finder in sys.meta_path:
-        if isinstance(finder, _TorchImportHook):
+        if isinstance(finder, _PostImportHook) and finder.name == module:
             finder.callbacks.append(callback)
             return
-    hook = _TorchImportHook()
+    hook = _PostImportHook(module)
     hook.callbacks.append(callback)
     sys.meta_path.insert(0, hook)
 

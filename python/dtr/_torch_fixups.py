@@ -6,6 +6,10 @@ in every process where dtr is active (preloaded or enabled in-process).
   is in the thread's include set. Make Fake a fallthrough for every HOP: the existing ones, and
   through torch's default-fallthrough list, the ones created later. Their subgraph ops then reach
   dtr like any other op (../shared/design/pytorch-integration.md, "HigherOrderOperators").
+- Code compiled by inductor reads its inputs' memory directly, never through the dispatcher, so
+  an evicted input would be read unallocated: every tensor input of a compiled graph
+  (CompiledFxGraph.__call__, forward and backward) is pinned resident while the graph runs. Its
+  outputs are constants to dtr (not replayable op by op).
 - Threads started from Python after an in-process dtr.enable() (no preload, so no pthread_create
   interposer) get the key when they start.
 """
@@ -33,7 +37,34 @@ def apply(lib):
         cache = getattr(hop, "_dispatch_cache", None)
         if cache is not None:
             cache.clear()
+    from dtr._launcher import _after_import
+    _after_import("torch._inductor.output_code", _pin_compiled_graph_inputs)
     _applied = True
+
+
+def _pin_compiled_graph_inputs():
+    import torch
+    from torch._inductor import output_code
+    cls = getattr(output_code, "CompiledFxGraph", None)
+    if cls is None or getattr(cls.__call__, "_dtr_pins_inputs", False):
+        return
+    original = cls.__call__
+    pin, unpin = torch.ops.dtr.pin, torch.ops.dtr.unpin
+
+    def __call__(self, inputs):
+        # Taken before the call: the boxed calling convention may clear `inputs`. Holding them
+        # keeps each input alive until the graph returns (it may have freed some earlier).
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            pin(t)
+        try:
+            return original(self, inputs)
+        finally:
+            for t in tensors:
+                unpin(t)
+
+    __call__._dtr_pins_inputs = True
+    cls.__call__ = __call__
 
 
 _threads_hooked = False

@@ -161,7 +161,10 @@ def set_budget():
             torch.ops.dtr.set_budget(budget)
             torch.ops.dtr.reset_peak()
             info["budget"] = torch.ops.dtr.budget()
-        opt.zero_grad()
+        # Gradients zeroed in place (1.x's default) are resident constants; with 2.x's default
+        # set_to_none they are fresh, evictable outputs whose replay at opt.step needs the whole
+        # backward chain, and 0.95 of this peak is below that floor (issue 16 covers the floor).
+        opt.zero_grad(set_to_none=False)
         loss = loss_fn(m, b)
         loss.backward()
         opt.step()
@@ -235,7 +238,7 @@ def train_threads():
         losses = []
         try:
             for b in batches:
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=False)  # see set_budget: 2.x set_to_none moves the floor
                 loss = loss_fn(m, b)
                 loss.backward()
                 opt.step()

@@ -46,8 +46,9 @@ def test_scenario_bit_identical_with_evictions(name):
     # Rule 1 (mutations go through Runtime::Mutate, which applies rule 2): in-place ops through
     # views, out= variants, _foreach_*_ and copy_.
     ("1", "views_inplace", ["y", "z"]),
-    # ... and batch norm's undeclared in-place update of its running statistics: evicted, they
-    # would come back as their initial values and eval mode would read those.
+    # ... and batch norm's in-place update of its running statistics (undeclared in 1.13; in 2.x
+    # declared by _batch_norm_with_update): evicted, they would come back as their initial
+    # values and eval mode would read those, or (2.14) the kernel reads them unallocated.
     ("1", "batchnorm_stats", ["eval_out", "buffers"]),
     # Rule 2 (readers of a mutated storage are detached first): z = y.t().contiguous() read y
     # before y.mul_(0.5); replayed afterwards it would read the halved values.
@@ -58,7 +59,13 @@ def test_scenario_bit_identical_with_evictions(name):
     ("5", "layout", ["y", "z", "ysum"]),
 ])
 def test_rule_is_needed(rule, name, must_differ):
-    res, _ = scenario(name, True, DTR_DEBUG_DISABLE_RULES=rule)
+    r = run([PY, SCEN, name], preload=True, DTR_DEBUG_DISABLE_RULES=rule)
+    if r.returncode != 0:
+        # Going wrong loudly also shows the rule is needed, but only this way: reading memory
+        # that was evicted. Any other failure is a broken test.
+        assert "data is not allocated" in r.stderr, r.stderr[-2000:]
+        return
+    res = json.loads(r.stdout.strip().splitlines()[-1])
     wrong = [k for k in plain(name) if plain(name)[k] != res["out"].get(k)]
     for k in must_differ:
         assert k in wrong, (rule, wrong)
@@ -96,14 +103,17 @@ def test_set_budget_lowers_and_refuses_impossible():
 
 def test_stats_file(tmp_path):
     f = tmp_path / "stats.json"
-    r = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=170000, DTR_STATS_FILE=str(f))
+    peak = json.loads(run([PY, TRAIN, "lstm"], preload=True).stdout.strip().splitlines()[-1])["dtr"][
+        "peak_allocated_bytes"]
+    budget = int(peak * 0.9)
+    r = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=budget, DTR_STATS_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads(f.read_text())
     for k in ("budget_bytes", "peak_reserved_bytes", "peak_allocated_bytes", "evictions",
               "rematerializations", "remat_seconds", "ops_recorded"):
         assert k in s, k
-    assert s["budget_bytes"] == 170000
-    assert 0 < s["peak_allocated_bytes"] <= s["peak_reserved_bytes"] <= 170000
+    assert s["budget_bytes"] == budget
+    assert 0 < s["peak_allocated_bytes"] <= s["peak_reserved_bytes"] <= budget
     assert s["evictions"] > 0 and s["rematerializations"] > 0 and s["ops_recorded"] > 0
     assert s["remat_seconds"] > 0
 
@@ -114,8 +124,7 @@ def test_trace_file_replays_in_simulator(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert f.read_text().startswith("dtr-trace 1")
     sim = os.path.join(build_dir(), "bin", "dtr-sim")
-    if not os.path.exists(sim):
-        pytest.skip("dtr-sim not built next to the library")
+    assert os.path.exists(sim), f"{sim} is not built (scripts/test.sh builds it; BUILD_DIR names the build)"
     p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "ok" in p.stdout, p.stdout[-2000:]
