@@ -24,7 +24,7 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) DTR_ALLOC_CONST {
       pinned = absl::StrCat(" dtr could not evict enough: ", FormatBytes(g_engine->PinnedBytes()),
                             " are pinned/constant/in use by the running op (", g_engine->Breakdown(), ").");
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: out of memory under DTR_BUDGET: cannot allocate ",
-                     FormatBytes(n), ".", pinned, " Allocator report: ", p.status().message());
+                     FormatBytes(n), ".", pinned, " Allocator report: ", std::string(p.status().message()));
   }
   Slot* s = new (*p) Slot{*p, n, nullptr, NextSlotSerial()};
   void* data = DataOf(s);

@@ -103,7 +103,7 @@ void Engine::SetBudget(int64_t bytes) {
   }
   if (!st.ok())
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): cannot get under ",
-                     FormatBytes(nb), ": ", st.message(), " (", Breakdown(), ")");
+                     FormatBytes(nb), ": ", std::string(st.message()), " (", Breakdown(), ")");
   cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
   release_on_free_ = bytes > 0;
 }
@@ -125,11 +125,14 @@ int64_t Engine::Budget() {
   return cfg_.unlimited() ? -1 : int64_t(cfg_.budget_bytes);
 }
 
+// Note [No absl::string_view in torch messages]: torch's message builder streams every argument;
+// streaming Debian's absl::string_view crashed (strlen on a non-terminated view) when built with
+// GCC 13 against torch 2.11 on the GPU machine. Messages pass std::string copies instead.
 void Engine::Check(const absl::Status& s, const char* what) {
   if (s.ok()) return;
   if (absl::IsResourceExhausted(s))
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: ", what, ": ", s.message());
-  TORCH_CHECK(false, "dtr: ", what, ": ", s.message());
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: ", what, ": ", std::string(s.message()));
+  TORCH_CHECK(false, "dtr: ", what, ": ", std::string(s.message()));
 }
 
 Entry* Engine::NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes) {

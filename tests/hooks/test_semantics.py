@@ -152,13 +152,13 @@ def test_numpy_tolist_of_evicted_tensors():
 
 def test_two_training_threads_share_a_budget():
     """Two models train concurrently on Python threads under one budget; each thread's losses and
-    parameters equal the plain run's whatever the interleaving. The budget is 0.92 of the sum of
-    the two models' solo peaks: when both peak together (the interleaving decides) that is still
-    above the sum of their solo minimum budgets, and usually below the pair's joint peak."""
+    parameters equal the plain run's whatever the interleaving. The budget is 0.7 of the sum of
+    the two models' solo peaks (train.py's, with set_to_none gradients); the threads zero their
+    gradients in place, which keeps them resident, and at 0.85 the budget did not bind on 2.14."""
     ref = plain("train_threads")
     solo = [json.loads(run([PY, TRAIN, m], preload=True).stdout.strip().splitlines()[-1])["dtr"]
             ["peak_allocated_bytes"] for m in ("mlp", "cnn")]
-    budget = int(sum(solo) * 0.92)
+    budget = int(sum(solo) * 0.7)
     evictions = remats = 0
     for _ in range(4):
         res, _ = scenario("train_threads", True, DTR_BUDGET=budget)
