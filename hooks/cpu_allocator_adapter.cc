@@ -13,7 +13,7 @@
 
 namespace dtr::hooks {
 
-c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) DTR_ALLOC_CONST {
+c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
   absl::StatusOr<void*> p = alloc_->Allocate(n + kHeader);
   if (!p.ok()) {
     std::string pinned;

@@ -8,20 +8,11 @@
 #include <cstddef>
 
 #include <c10/core/Allocator.h>
-#include <torch/version.h>
 
 #include "allocator/allocator_config.h"
 #include "allocator/caching_allocator.h"
 #include "hooks/env_config.h"
 #include "hooks/storage_slots.h"
-
-// c10::Allocator::allocate is const in LibTorch 1.13 and not in 2.11 (which also adds the pure
-// virtual copy_data); the guards below draw the line at major version 2.
-#if TORCH_VERSION_MAJOR >= 2
-#define DTR_ALLOC_CONST
-#else
-#define DTR_ALLOC_CONST const
-#endif
 
 namespace dtr::hooks {
 
@@ -29,13 +20,11 @@ class CpuAllocatorAdapter final : public c10::Allocator {
  public:
   explicit CpuAllocatorAdapter(alloc::CachingAllocator* a) : alloc_(a) {}
   // Raises torch's OutOfMemoryError, with g_engine's accounting, when the allocator cannot serve.
-  c10::DataPtr allocate(size_t n) DTR_ALLOC_CONST override;
+  c10::DataPtr allocate(size_t n) override;  // non-const since 2.x
   c10::DeleterFnPtr raw_deleter() const override { return &DataDeleter; }
-#if TORCH_VERSION_MAJOR >= 2
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#endif
   alloc::CachingAllocator* alloc_;
 };
 

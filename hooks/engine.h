@@ -127,6 +127,26 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
     return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage() && t.is_cpu() &&
            t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested();
   }
+  // The storages an op pins while it runs (resident, never evicted), unpinned when it returns
+  // unless KeepPinned() made the pins permanent (Note [Unmanaged operands], fallback.cc).
+  class OpPins {
+   public:
+    OpPins(Engine* e, const char* op) : e_(e), op_(op) {}
+    void Add(StorageId id) {
+      e_->Check(e_->rt_->Pin(id), op_);
+      ids_.push_back(id);
+    }
+    void KeepPinned() { ids_.clear(); }
+    ~OpPins() {
+      for (StorageId id : ids_)
+        if (e_->rt_->storage(id)) (void)e_->rt_->Unpin(id);
+    }
+
+   private:
+    Engine* e_;
+    const char* op_;
+    std::vector<StorageId> ids_;
+  };
   Entry* EntryOf(const at::Tensor& t, bool create);
   Entry* FindEntry(StorageId sid) {
     auto it = entries_.find(sid.packed());

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "hooks/engine.h"
+#include "hooks/torch_compat.h"
 
 namespace dtr::hooks {
 
@@ -77,25 +78,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   });
   if (unmanaged) {
     Busy busy(this);
-    std::vector<StorageId> held;
-    struct Unpin {
-      Engine* e;
-      std::vector<StorageId>* p;
-      ~Unpin() {
-        for (StorageId id : *p)
-          if (e->rt_->storage(id)) (void)e->rt_->Unpin(id);
-      }
-    } unpin{this, &held};
+    OpPins held(this, info.name.c_str());
     ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
       if (!Manageable(t)) return;
-      Entry* e = EntryOf(t, false);
-      if (e == nullptr) return;
-      Check(rt_->Pin(e->sid), info.name.c_str());
-      held.push_back(e->sid);
+      if (Entry* e = EntryOf(t, false)) held.Add(e->sid);
     });
     pass();
-    if (ReturnsHideTensors(*stack, schema.returns().size()))
-      for (StorageId id : held) Check(rt_->Pin(id), info.name.c_str());  // for good
+    if (ReturnsHideTensors(*stack, schema.returns().size())) held.KeepPinned();
     return;
   }
 
@@ -108,8 +97,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   std::vector<StorageId> in_sids;
   std::vector<StorageId> written;
   std::vector<Entry*> in_entries;
-  // Note [Hidden mutation in native_batch_norm]: 1.13's schema does not mark running_mean and
-  // running_var (args 3, 4) as written, yet training mode updates them in place. Their values do
+  // Note [Hidden mutation in native_batch_norm]: its schema (1.13 and 2.13/2.14 alike) does not
+  // mark running_mean and running_var (args 3, 4) as written, yet training mode updates them in place. Their values do
   // not affect the outputs in training mode, so the op is recorded without them: replays pass
   // None (no update). The real run's update is a mutation the runtime must see, though: the
   // buffers (made by zeros()/ones() and zero_()/fill_(), so they have recipes) would otherwise be
@@ -203,25 +192,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // Make every input resident and unevictable while the op runs (Note [Recording without knowing
   // the outputs]).
-  std::vector<StorageId> pinned;
-  struct Unpin {
-    Engine* e;
-    std::vector<StorageId>* p;
-    ~Unpin() {
-      for (StorageId id : *p)
-        if (e->rt_->storage(id)) (void)e->rt_->Unpin(id);
-    }
-  } unpin{this, &pinned};
-  for (StorageId id : in_sids) {
-    Check(rt_->Pin(id), info.name.c_str());
-    pinned.push_back(id);
-  }
+  OpPins pinned(this, info.name.c_str());
+  for (StorageId id : in_sids) pinned.Add(id);
 
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
     double cost = timed_pass();
-    if (ReturnsHideTensors(*stack, schema.returns().size()))
-      for (StorageId id : in_sids) Check(rt_->Pin(id), info.name.c_str());  // for good
+    if (ReturnsHideTensors(*stack, schema.returns().size())) pinned.KeepPinned();
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
@@ -322,11 +299,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     return;
   }
-  if (hidden_alias) {
-    // When in doubt, pin: the inputs stay resident for good (the temporary pins above are
-    // released when the op returns; these are extra).
-    for (StorageId id : in_sids) Check(rt_->Pin(id), info.name.c_str());
-  }
+  // When in doubt, pin: the inputs stay resident for good.
+  if (hidden_alias) pinned.KeepPinned();
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;

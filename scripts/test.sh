@@ -5,7 +5,8 @@
 #   2. the runtime and allocator unit tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
 #   4. pytest through the installed package: tests/hooks (the torch integration), tests/python
-#      (activation paths, the C++ example via find_package(dtr), the main job) and tests/bench.
+#      (activation paths, the C++ example via find_package(dtr), the main job) and tests/bench
+#      (not with --python-only).
 # Usage: bash scripts/test.sh [--quick] [--python-only]
 #   --quick        skips the sanitizer builds
 #   --python-only  only steps 1's simulator build and 4 (CI runs the C++ suites once, for the
@@ -50,5 +51,8 @@ if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
 fi
 
 echo "== torch $TORCH_VERSION: integration, package and benchmark smoke tests (pytest, $VENV_DIR)"
-BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider tests/hooks tests/python tests/bench
+suites=(tests/hooks tests/python)
+# The sweep harness's smoke test does not depend on the wheel: once, with the C++ suites.
+[ "$python_only" -eq 0 ] && suites+=(tests/bench)
+BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider --durations=12 "${suites[@]}"
 echo "== all tests passed (torch $TORCH_VERSION)"

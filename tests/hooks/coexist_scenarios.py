@@ -406,14 +406,20 @@ def _sparse_setup(n=48):
     return dense_adj.to_sparse(), dense_adj.to_sparse_csr()
 
 
-def sparse():
-    """COO and CSR operands in a training step; evicting between forward and backward."""
+def _sparse_training():
+    """The graph-like model both sparse scenarios train: adjacency in COO and CSR, two layers."""
     torch.manual_seed(9)
     n, d = 48, 16
     coo, csr = _sparse_setup(n)
     lin1, lin2 = nn.Linear(d, 32), nn.Linear(32, 4)
     params = list(lin1.parameters()) + list(lin2.parameters())
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return n, d, coo, csr, lin1, lin2, params, opt
+
+
+def sparse():
+    """COO and CSR operands in a training step; evicting between forward and backward."""
+    n, d, coo, csr, lin1, lin2, params, opt = _sparse_training()
     out = {"losses": []}
     for step in range(3):
         x, y = torch.randn(n, d), torch.randn(n, 4)
@@ -445,12 +451,7 @@ def sparse():
 def sparse_evicted_operand():
     """A dense operand of a sparse op that dtr evicted before the op runs, as a budget that binds
     would do to the node features of a graph network between two layers."""
-    torch.manual_seed(9)
-    n, d = 48, 16
-    coo, csr = _sparse_setup(n)
-    lin1, lin2 = nn.Linear(d, 32), nn.Linear(32, 4)
-    params = list(lin1.parameters()) + list(lin2.parameters())
-    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    n, d, coo, csr, lin1, lin2, params, opt = _sparse_training()
     out = {"losses": []}
     for step in range(3):
         x, y = torch.randn(n, d), torch.randn(n, 4)

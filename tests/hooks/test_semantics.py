@@ -46,9 +46,9 @@ def test_scenario_bit_identical_with_evictions(name):
     # Rule 1 (mutations go through Runtime::Mutate, which applies rule 2): in-place ops through
     # views, out= variants, _foreach_*_ and copy_.
     ("1", "views_inplace", ["y", "z"]),
-    # ... and batch norm's in-place update of its running statistics (undeclared in 1.13; in 2.x
-    # declared by _batch_norm_with_update): evicted, they would come back as their initial
-    # values and eval mode would read those, or (2.14) the kernel reads them unallocated.
+    # ... and batch norm's undeclared in-place update of its running statistics: evicted, they
+    # would come back as their initial values and eval mode would read those, or (2.14) the
+    # kernel reads them unallocated.
     ("1", "batchnorm_stats", ["eval_out", "buffers"]),
     # Rule 2 (readers of a mutated storage are detached first): z = y.t().contiguous() read y
     # before y.mul_(0.5); replayed afterwards it would read the halved values.

@@ -1,0 +1,24 @@
+// Every difference between the PyTorch releases dtr supports (2.11 to 2.14), in one place. Code
+// elsewhere in hooks/ uses these names, never TORCH_VERSION_* directly.
+//
+// | API                                   | releases        | what dtr does                                  |
+// |---------------------------------------|-----------------|------------------------------------------------|
+// | c10::Allocator::allocate non-const,   | all 2.x         | CpuAllocatorAdapter overrides the 2.x form     |
+// |   copy_data pure virtual              |                 |                                                |
+// | DispatchKey::Fake above Python        | 2.11 (2.12?)    | the fallback passes ops whose key set has      |
+// |   (below Python from 2.13)            |                 | Python (Note [Key order], fallback.cc): a run- |
+// |                                       |                 | time check, both orders in one binary          |
+// | headers #error below C++20            | 2.14            | every target is C++20                          |
+// | Fake owned by torch's C++ FakeTensor  | after 2.14?     | RegisterFallback refuses, dtr stays inactive   |
+// Binaries are per wheel: a dtr built against one torch is refused with another
+// (python/dtr/_library.py, check_torch).
+#ifndef DTR_HOOKS_TORCH_COMPAT_H_
+#define DTR_HOOKS_TORCH_COMPAT_H_
+
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11)
+#error "dtr supports PyTorch 2.11 to 2.14: install one of those and rebuild (LibTorch 1.x was dropped)"
+#endif
+
+#endif  // DTR_HOOKS_TORCH_COMPAT_H_
