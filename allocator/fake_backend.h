@@ -35,8 +35,10 @@ class FakeBackend : public DeviceMemoryBackend {
 
   static constexpr uintptr_t kBaseAddress = uintptr_t{1} << 40;
 
-  explicit FakeBackend(size_t capacity_bytes = SIZE_MAX, size_t alignment = 512)
-      : capacity_(capacity_bytes), alignment_(alignment) {}
+  // `base`: the first address handed out (fakes of several devices in one test must not overlap,
+  // as real devices' addresses do not under CUDA's unified addressing).
+  explicit FakeBackend(size_t capacity_bytes = SIZE_MAX, size_t alignment = 512, uintptr_t base = kBaseAddress)
+      : capacity_(capacity_bytes), alignment_(alignment), next_address_(base) {}
 
   std::string Name() const override { return "fake"; }
   absl::StatusOr<void*> Allocate(size_t bytes) override;
@@ -73,7 +75,7 @@ class FakeBackend : public DeviceMemoryBackend {
   mutable std::mutex mu_;
   size_t capacity_ ABSL_GUARDED_BY(mu_);
   const size_t alignment_;
-  uintptr_t next_address_ ABSL_GUARDED_BY(mu_) = kBaseAddress;
+  uintptr_t next_address_ ABSL_GUARDED_BY(mu_);
   std::map<uintptr_t, size_t> live_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, EventState> events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_event_ ABSL_GUARDED_BY(mu_) = 1;

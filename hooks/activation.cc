@@ -21,8 +21,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#if DTR_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "hooks/cuda_cost_events.h"
+#endif
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/bytes.h"
 #include "hooks/dtr_ops.h"
 #include "hooks/engine.h"
@@ -36,6 +42,56 @@ namespace {
 std::atomic<bool> g_active{false};
 std::string g_activation_error;  // why the last dtr_activate returned 1
 
+// DTR_DEVICE=auto picks CUDA when this build has the CUDA adapter and a GPU is visible.
+absl::StatusOr<ManagedDevice> ResolveDevice(const DtrEnvConfig& cfg) {
+#if DTR_WITH_CUDA
+  const bool gpu = c10::cuda::device_count() > 0;
+  if (cfg.device == DeviceChoice::kCuda && !gpu)
+    return absl::InvalidArgumentError("dtr: DTR_DEVICE=cuda but no CUDA device is visible");
+  if (cfg.device == DeviceChoice::kCuda || (cfg.device == DeviceChoice::kAuto && gpu)) return ManagedDevice::kCuda;
+#else
+  if (cfg.device == DeviceChoice::kCuda)
+    return absl::InvalidArgumentError(
+        "dtr: DTR_DEVICE=cuda but this dtr was built without its CUDA adapter (built against a CPU-only torch?)");
+#endif
+  if (cfg.budget_fraction > 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtr: DTR_BUDGET=", cfg.budget_fraction,
+        " is a fraction of GPU memory, but dtr manages CPU memory here (no CUDA device or DTR_DEVICE=cpu): give bytes, "
+        "e.g. DTR_BUDGET=4GiB"));
+  return ManagedDevice::kCpu;
+}
+
+absl::Status InstallCuda(const DtrEnvConfig& cfg, Engine* e) {
+#if DTR_WITH_CUDA
+  CudaAllocatorAdapter::Options o;
+  auto backend = ParseCudaBackend(cfg.cuda_allocator);
+  if (!backend.ok()) return backend.status();
+  o.backend = *backend;
+  o.evict = cfg.evict;
+  if (cfg.budget_fraction > 0) {
+    o.budget.unlimited = false;
+    o.budget.fraction = cfg.budget_fraction;
+  } else if (!cfg.unlimited()) {
+    o.budget.unlimited = false;
+    o.budget.bytes = cfg.budget_bytes;
+  }
+  absl::StatusOr<CudaAllocatorAdapter*> a = InstallCudaAllocator(o);
+  if (!a.ok()) return a.status();
+  g_cuda_slot_ops.deleter = &CudaDataDeleter;
+  g_cuda_slot_ops.find = [](const void* data) { return g_cuda_adapter.load()->FindSlot(data); };
+  g_cuda_slot_ops.free = [](Slot* s) { g_cuda_adapter.load()->FreeSlot(s); };
+  g_cuda_slot_ops.allocator = *a;
+  e->AttachCuda(*a, std::make_unique<CudaCostEvents>());
+  (*a)->set_evictor(e);
+  return absl::OkStatus();
+#else
+  (void)cfg;
+  (void)e;
+  return absl::FailedPreconditionError("dtr was built without its CUDA adapter");
+#endif
+}
+
 void AtExit() {
   if (g_engine) g_engine->WriteStatsFile();
 }
@@ -46,19 +102,22 @@ int ActivateOnce(bool exit_on_bad_config) {
   static std::once_flag once;
   static int result = 0;
   std::call_once(once, [exit_on_bad_config] {
-    auto cfg = ParseProcessEnv();
-    if (!cfg.ok()) {
-      g_activation_error = std::string(cfg.status().message());
+    // A configuration error: exits 2 from the preload, or returns 2 for Python to raise.
+    auto bad_config = [&](const absl::Status& st) {
+      g_activation_error = std::string(st.message());
       if (exit_on_bad_config) {
         std::fprintf(stderr, "%s\n", g_activation_error.c_str());
         std::fflush(stderr);
         _exit(2);
       }
       result = 2;
-      return;
-    }
+    };
+    auto cfg = ParseProcessEnv();
+    if (!cfg.ok()) return bad_config(cfg.status());
     if (!cfg->enable) return;
-    auto* e = new Engine(*cfg);
+    absl::StatusOr<ManagedDevice> managed = ResolveDevice(*cfg);
+    if (!managed.ok()) return bad_config(managed.status());
+    auto* e = new Engine(*cfg, *managed);
     if (absl::Status s = e->Init(); !s.ok()) {
       g_activation_error = "dtr: initialization failed: " + std::string(s.message());
       delete e;
@@ -74,7 +133,15 @@ int ActivateOnce(bool exit_on_bad_config) {
       return;
     }
     RegisterDtrOps();
-    c10::SetCPUAllocator(e->adapter(), /*priority=*/100);
+    if (*managed == ManagedDevice::kCpu) {
+      c10::SetCPUAllocator(e->adapter(), /*priority=*/100);
+    } else if (absl::Status s = InstallCuda(*cfg, e); !s.ok()) {
+      // The fallback is registered but nothing is managed: pass every op through.
+      e->SetPaused(true);
+      g_activation_error = "dtr: NOT activating: " + std::string(s.message());
+      result = 1;
+      return;
+    }
     g_active.store(true, std::memory_order_release);
     c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
     std::atexit(&AtExit);

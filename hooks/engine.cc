@@ -67,7 +67,7 @@ std::string Engine::Breakdown() {
       evictable += r->size;
     }
   }
-  uint64_t alloc = uint64_t(alloc_->GetStats().allocated_bytes.current);
+  uint64_t alloc = uint64_t(Counters().allocated);
   uint64_t tracked = constants + pinned + locked + evictable;
   return absl::StrCat("allocated ", FormatBytes(alloc), ": constants ", FormatBytes(constants), " in ", n_const,
                       " storages (parameters, gradients, optimizer state, inputs, outputs of unreplayable "
@@ -90,6 +90,24 @@ void Engine::SetBudget(int64_t bytes) {
   std::lock_guard<std::recursive_mutex> l(mu_);
   Busy b(this);
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
+#if DTR_WITH_CUDA
+  if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
+    // Get every initialized device under the new budget first, then lower the caps.
+    const int n = c10::cuda::device_count();
+    for (c10::DeviceIndex d = 0; d < n && nb != alloc::AllocatorConfig::kUnlimited; ++d) {
+      if (!cuda_->initialized()) break;
+      (void)EvictOnDevice(d, [&] { return cuda_->AllocatedAndReserved(d).first <= nb; });
+    }
+    cuda_->emptyCache();
+    absl::Status st = cuda_->SetBudgetBytes(bytes);
+    if (!st.ok())
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): ", std::string(st.message()), " (",
+                       Breakdown(), ")");
+    cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
+    cfg_.budget_fraction = 0;
+    return;
+  }
+#endif
   absl::Status st = alloc_->SetBudget(nb);
   if (!st.ok()) {
     alloc_->EmptyCache();
@@ -122,6 +140,9 @@ void Engine::SetPaused(bool paused) {
 
 int64_t Engine::Budget() {
   std::lock_guard<std::recursive_mutex> l(mu_);
+#if DTR_WITH_CUDA
+  if (cfg_.budget_fraction > 0 && cuda_ != nullptr) return int64_t(cuda_->BudgetOn(c10::cuda::current_device()));
+#endif
   return cfg_.unlimited() ? -1 : int64_t(cfg_.budget_bytes);
 }
 
@@ -212,6 +233,7 @@ void Engine::DrainDeferredSlots() {
 }
 
 void Engine::FreeSlot(Slot* s) {
+  if (s->cuda_device >= 0) return g_cuda_slot_ops.free(s);
   absl::Status st = alloc_->Free(s->mem);
   if (!st.ok()) std::fprintf(stderr, "dtr: free failed: %s\n", std::string(st.message()).c_str());
   // Note [CPU allocator granularity]: under a budget, keep no cached free segments, so a later
@@ -234,14 +256,15 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
     if (s->mem != nullptr) {
       s->entry = e;
       kept = true;
-      dp = c10::DataPtr(DataOf(s), DataOf(s), &DataDeleter, c10::Device(c10::DeviceType::CPU));
+      dp = ResidentPtr(s);
     } else {
-      Slot* tomb = new Slot{nullptr, 0, e, 0};
+      Slot* tomb = new Slot{nullptr, 0, e, 0, s->cuda_device};
       e->slot = tomb;
-      dp = TombPtr(tomb);
+      dp = TombPtr(tomb, SlotDevice(tomb));
     }
+    c10::Allocator* owner = s->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
     e->owned = c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes), std::move(dp), adapter_.get(),
+        c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes), std::move(dp), owner,
         /*resizable=*/false);
   } else {
     e->slot = nullptr;  // someone replaced the memory of a live storage (resize_): no longer ours
@@ -305,9 +328,9 @@ void Engine::Release(StorageId id, const StorageRecord& storage, bool permanentl
   if (impl && e->ours && e->slot != nullptr && SlotOf(impl->data_ptr()) == e->slot && e->slot->mem != nullptr) {
     // Rule 3: only our own memory is ever released.
     e->slot->entry = nullptr;
-    Slot* tomb = new Slot{nullptr, 0, permanently ? nullptr : e, 0};
+    Slot* tomb = new Slot{nullptr, 0, permanently ? nullptr : e, 0, e->slot->cuda_device};
     e->slot = permanently ? nullptr : tomb;
-    impl->set_data_ptr_noswap(TombPtr(tomb));
+    impl->set_data_ptr_noswap(TombPtr(tomb, SlotDevice(tomb)));
   }
   impl.reset();
   if (permanently) {
@@ -336,8 +359,13 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   c10::impl::ExcludeDispatchKeyGuard g(c10::autograd_dispatch_keyset_with_ADInplaceOrView |
                                        c10::DispatchKeySet({c10::DispatchKey::Fake, c10::DispatchKey::Python,
                                                             c10::DispatchKey::PythonTLSSnapshot}));
+  if (CaptureUnderway())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dtr: ", oprec.name, " must be rematerialized during CUDA graph capture, which dtr never does (Note [No replay "
+        "during graph capture]); pin the tensors a captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
+        "before capturing"));
   c10::optional<at::Generator> saved_default;
-  at::Generator def = at::detail::getDefaultCPUGenerator();
+  at::Generator def = DefaultGenerator(rr.gen_device);
   if (rr.default_gen) {
     std::lock_guard<std::mutex> gl(def.mutex());
     saved_default = def.clone();
@@ -354,6 +382,19 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
       if (c10::get_default_dtype() != saved) c10::set_default_dtype(saved);
     }
   } default_dtype_guard(cfg_.rule_enabled(6) ? rr.default_dtype : c10::get_default_dtype());
+  struct BackendFlagsGuard {
+    ReplayRecord::BackendFlags saved = ReplayRecord::BackendFlags::Current();
+    bool changed = false;
+    BackendFlagsGuard(const ReplayRecord::BackendFlags& recorded, bool enabled) {
+      if (enabled && !(recorded == saved)) {
+        recorded.Apply();
+        changed = true;
+      }
+    }
+    ~BackendFlagsGuard() {
+      if (changed) saved.Apply();
+    }
+  } flags_guard(rr.flags, cfg_.rule_enabled(6));
   const double t0 = NowNs(), search0 = search_ns_;
   try {
     rr.op.callBoxed(&stack);
@@ -392,7 +433,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
             "dtr: replay of ", oprec.name, " output ", i, " produced ", c10::toString(out.scalar_type()),
             c10::str(out.sizes()), " where ", c10::toString(os.meta.dtype), c10::str(c10::IntArrayRef(os.meta.sizes)),
             " was recorded; the op depends on state dtr does not record, so it cannot be rematerialized"));
-      at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte));
+      at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte).device(out.device()));
       at::Tensor laid_out = at::empty({0}, out.options()).set_(bytes.storage(), os.meta.offset, os.meta.sizes,
                                                                 os.meta.strides);
       laid_out.copy_(out);
@@ -404,7 +445,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
     c10::intrusive_ptr<c10::StorageImpl> target = e->impl();
     if (!target) return absl::InternalError("dtr: replay target storage is gone");
-    c10::DataPtr dp = oimpl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+    c10::DataPtr dp = oimpl->set_data_ptr(c10::DataPtr(nullptr, out.device()));
     Slot* ns = SlotOf(dp);
     ns->entry = e;
     if (e->slot) e->slot->entry = nullptr;  // the tombstone
@@ -414,37 +455,29 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   return cost;
 }
 
-alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
+alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,
+                                         const alloc::EvictionRequest& request) {
   alloc::EvictionResult res;
-  std::unique_lock<std::recursive_mutex> l(mu_, std::defer_lock);
-  if (at::in_parallel_region()) {
-    if (!l.try_lock()) return res;  // the owner waits for this parallel region: cannot evict
-  } else {
-    l.lock();
-  }
-  if (paused()) return res;
+  std::unique_lock<std::recursive_mutex> l = LockForEviction();
+  if (!l.owns_lock() || paused() || CaptureUnderway()) return res;
   Busy b(this);
-  struct AddElapsed {  // Note [Where the time goes]
-    double* into;
-    double t0;
-    ~AddElapsed() { *into += NowNs() - t0; }
-  } add_search{&search_ns_, NowNs()};
+  SearchClock search_clock(this);
   // The runtime ranks its lowest-scored storages; the allocator's fragmentation-aware strategy
   // picks among them (a single victim whose freed block fits, else by score), re-ranking per batch.
   static const alloc::FragmentationAwareEvictionStrategy strategy;
-  while (!alloc_->CanSatisfy(request)) {
+  while (!a.CanSatisfy(request)) {
     std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
     std::vector<alloc::EvictionCandidate> candidates;
     absl::flat_hash_map<void*, StorageId> storage_at;
     for (const Runtime::Candidate& c : ranked) {
       Entry* e = reinterpret_cast<Entry*>(c.handle);
       if (e == nullptr) e = FindEntry(c.id);
-      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr) continue;
+      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device) continue;
       candidates.push_back({e->slot->mem, c.score});
       storage_at[e->slot->mem] = c.id;
     }
     if (candidates.empty()) break;
-    alloc::EvictionResult round = strategy.Evict(*alloc_, request, std::move(candidates),
+    alloc::EvictionResult round = strategy.Evict(a, request, std::move(candidates),
                                                  [&](const alloc::EvictionCandidate& c) {
                                                    return rt_->Evict(storage_at.at(c.ptr)).ok();
                                                  });
@@ -452,26 +485,125 @@ alloc::EvictionResult Engine::MakeRoom(const alloc::EvictionRequest& request) {
     res.blocks_freed += round.blocks_freed;
     if (round.blocks_freed == 0) break;
   }
-  res.satisfied = alloc_->CanSatisfy(request);
+  res.satisfied = a.CanSatisfy(request);
   res.pinned_bytes = rt_->UnevictableBytes();
   return res;
 }
 
+
+bool Engine::CaptureUnderway() const {
+#if DTR_WITH_CUDA
+  // Note [No replay during graph capture]: a CUDA graph records the kernels launched while it is
+  // captured, so a replay or an eviction then would be baked into the graph (and a replay's
+  // generator handling is not capture-safe). Under capture dtr records nothing and evicts
+  // nothing; the memory a captured region needs must fit the budget as it is.
+  if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr && c10::cuda::device_count() > 0)
+    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#endif
+  return false;
+}
+
+#if DTR_WITH_CUDA
+struct Engine::DeviceHandler final : alloc::EvictionHandler {
+  DeviceHandler(Engine* e, alloc::CachingAllocator* a, int device) : engine(e), alloc(a), device(device) {}
+  alloc::EvictionResult MakeRoom(const alloc::EvictionRequest& request) override {
+    return engine->MakeRoomOn(*alloc, device, request);
+  }
+  size_t PinnedBytes() const override { return engine->PinnedBytes(); }
+  Engine* engine;
+  alloc::CachingAllocator* alloc;
+  int device;
+};
+
+void Engine::AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSource> events) {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  cuda_ = cuda;
+  cost_events_ = std::move(events);
+  if (cost_events_) deferred_costs_ = std::make_unique<DeferredCosts>(cost_events_.get());
+}
+
+alloc::EvictionHandler* Engine::HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) {
+  std::lock_guard<std::recursive_mutex> l(mu_);
+  for (DeviceHandler* h : device_handlers_)
+    if (h->alloc == a) return h;
+  device_handlers_.push_back(new DeviceHandler(this, a, int(device)));
+  return device_handlers_.back();
+}
+
+// The native backend's eviction (Note [Two CUDA backends], cuda_allocator.cc): the native
+// allocator cannot tell which frees would coalesce, so victims go in the runtime's score order.
+size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) {
+  std::unique_lock<std::recursive_mutex> l = LockForEviction();
+  if (!l.owns_lock() || paused() || CaptureUnderway()) return 0;
+  Busy b(this);
+  SearchClock search_clock(this);
+  size_t freed = 0;
+  while (!enough()) {
+    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
+    size_t round = 0;
+    for (const Runtime::Candidate& c : ranked) {
+      Entry* e = reinterpret_cast<Entry*>(c.handle);
+      if (e == nullptr) e = FindEntry(c.id);
+      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != device) continue;
+      const size_t bytes = e->slot->bytes;
+      if (!rt_->Evict(c.id).ok()) continue;
+      round += bytes;
+      if (enough()) break;
+    }
+    freed += round;
+    if (round == 0) break;
+  }
+  return freed;
+}
+#endif
+
+Engine::MemoryCounters Engine::Counters() {
+  MemoryCounters m;
+#if DTR_WITH_CUDA
+  if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
+    const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
+    const int n = c10::cuda::device_count();
+    for (c10::DeviceIndex d = 0; d < n; ++d) {
+      if (cuda_->backend() == CudaBackendKind::kNative ? !cuda_->initialized() : cuda_->DtrAllocatorOf(d) == nullptr)
+        continue;
+      c10::CachingDeviceAllocator::DeviceStats s = cuda_->getDeviceStats(d);
+      m.allocated += s.allocated_bytes[agg].current;
+      m.reserved += s.reserved_bytes[agg].current;
+      m.peak_allocated += s.allocated_bytes[agg].peak;
+      m.peak_reserved += s.reserved_bytes[agg].peak;
+      m.ooms += s.num_ooms;
+      if (alloc::CachingAllocator* a = cuda_->DtrAllocatorOf(d)) m.eviction_calls += a->GetStats().num_eviction_calls;
+    }
+    return m;
+  }
+#endif
+  alloc::AllocatorStats as = alloc_->GetStats();
+  m.allocated = as.allocated_bytes.current;
+  m.reserved = as.reserved_bytes.current;
+  m.peak_allocated = as.allocated_bytes.peak;
+  m.peak_reserved = as.reserved_bytes.peak;
+  m.ooms = as.num_ooms;
+  m.eviction_calls = as.num_eviction_calls;
+  return m;
+}
+
 std::string Engine::StatsJson() {
   std::lock_guard<std::recursive_mutex> l(mu_);
-  alloc::AllocatorStats as = alloc_->GetStats();
+  const MemoryCounters as = Counters();
   const RuntimeStats& rs = rt_->stats();
   return absl::StrCat(
-      "{\"budget_bytes\":", cfg_.unlimited() ? int64_t(-1) : int64_t(cfg_.budget_bytes),
-      ",\"peak_reserved_bytes\":", as.reserved_bytes.peak, ",\"peak_allocated_bytes\":", as.allocated_bytes.peak,
-      ",\"reserved_bytes\":", as.reserved_bytes.current, ",\"allocated_bytes\":", as.allocated_bytes.current,
+      "{\"budget_bytes\":", cfg_.budget_fraction > 0 ? int64_t(-2) : cfg_.unlimited() ? int64_t(-1) : int64_t(cfg_.budget_bytes),
+      ",\"budget_fraction\":", cfg_.budget_fraction,
+      ",\"device\":\"", managed_ == ManagedDevice::kCuda ? "cuda" : "cpu", "\"",
+      ",\"peak_reserved_bytes\":", as.peak_reserved, ",\"peak_allocated_bytes\":", as.peak_allocated,
+      ",\"reserved_bytes\":", as.reserved, ",\"allocated_bytes\":", as.allocated,
       ",\"evictions\":", rs.evictions, ",\"eager_evictions\":", rs.eager_evictions,
       ",\"rematerializations\":", rs.rematerializations, ",\"replays\":", rs.replays,
       ",\"remat_seconds\":", rs.remat_cost * 1e-9, ",\"base_seconds\":", rs.base_cost * 1e-9,
       ",\"ops_recorded\":", rs.ops_recorded, ",\"constants\":", rs.constants, ",\"detached\":", rs.detached,
       ",\"op_seconds\":", exec_ns_ * 1e-9, ",\"search_seconds\":", search_ns_ * 1e-9,
       ",\"bookkeeping_seconds\":", std::max(0.0, hook_ns_ - exec_ns_ - hook_search_ns_ - hook_remat_ns_) * 1e-9,
-      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.num_eviction_calls, ",\"ooms\":", as.num_ooms,
+      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms,
       ",\"runtime\":", rs.ToJson(), "}");
 }
 

@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -49,7 +50,11 @@
 #include "hooks/op_classification.h"
 #include "hooks/replay_record.h"
 #include "hooks/storage_slots.h"
+#include "runtime/deferred_costs.h"
 #include "runtime/runtime.h"
+#if DTR_WITH_CUDA
+#include "hooks/cuda_allocator.h"
+#endif
 
 namespace dtr::hooks {
 
@@ -58,9 +63,21 @@ inline double NowNs() {
   return double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
 }
 
-class Engine final : public ReplayBackend, public alloc::EvictionHandler {
+// Which device's tensors dtr manages in this process (DTR_DEVICE): host memory through the CPU
+// allocator adapter, or CUDA memory through the CUDA adapter (cuda_allocator.h). Tensors on other
+// devices are unmanaged operands (Note [Unmanaged operands], fallback.cc).
+enum class ManagedDevice { kCpu, kCuda };
+
+class Engine final : public ReplayBackend,
+                     public alloc::EvictionHandler
+#if DTR_WITH_CUDA
+    ,
+                     public CudaEvictor
+#endif
+{
  public:
-  explicit Engine(const DtrEnvConfig& cfg) : cfg_(cfg) {}
+  explicit Engine(const DtrEnvConfig& cfg, ManagedDevice managed = ManagedDevice::kCpu)
+      : cfg_(cfg), managed_(managed) {}
 
   absl::Status Init();
 
@@ -86,7 +103,27 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   }
 
   // ---------------- EvictionHandler ----------------
-  alloc::EvictionResult MakeRoom(const alloc::EvictionRequest& request) override;
+  // The CPU allocator's; CUDA devices under the dtr backend get a DeviceHandler each.
+  alloc::EvictionResult MakeRoom(const alloc::EvictionRequest& request) override {
+    return MakeRoomOn(*alloc_, -1, request);
+  }
+  // Evicts storages on `cuda_device` (-1: host) until `a` can serve `request`.
+  alloc::EvictionResult MakeRoomOn(alloc::CachingAllocator& a, int cuda_device, const alloc::EvictionRequest& request);
+  ManagedDevice managed() const { return managed_; }
+
+#if DTR_WITH_CUDA
+  // ---------------- CudaEvictor ----------------
+  // Manages CUDA tensors through `cuda`, timing op costs with CUDA events (Note [Deferred op
+  // costs]); `events` is owned from then on.
+  void AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSource> events);
+  size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override;
+  alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) override;
+#endif
+  // allocated and reserved bytes (current, peak) of the managed device memory.
+  struct MemoryCounters {
+    int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0;
+  };
+  MemoryCounters Counters();
   size_t PinnedBytes() const override {
     std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
     if (!l.owns_lock()) return 0;
@@ -121,12 +158,16 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
     Engine* e_;
   };
 
-  // Whether dtr can record, evict and replay this tensor's storage: dense strided CPU memory
-  // with no Python key (subclasses, FakeTensor) and not quantized or nested.
-  static bool Manageable(const at::Tensor& t) {
-    return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage() && t.is_cpu() &&
-           t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested();
+  // Whether dtr can record, evict and replay this tensor's storage: dense strided memory on the
+  // managed device with no Python key (subclasses, FakeTensor) and not quantized or nested.
+  bool Manageable(const at::Tensor& t) const {
+    return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
+           (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) && t.layout() == c10::kStrided &&
+           !t.is_quantized() && !t.is_nested();
   }
+  // Whether a CUDA stream capture is under way on the current stream: nothing may be evicted,
+  // replayed or recorded then (Note [No replay during graph capture]).
+  bool CaptureUnderway() const;
   // The storages an op pins while it runs (resident, never evicted), unpinned when it returns
   // unless KeepPinned() made the pins permanent (Note [Unmanaged operands], fallback.cc).
   class OpPins {
@@ -146,6 +187,21 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
     Engine* e_;
     const char* op_;
     std::vector<StorageId> ids_;
+  };
+  // The engine lock for an eviction request. Inside a parallel region whose owner may hold it
+  // (waiting for the region) it is only tried: owns_lock() false means "cannot evict now".
+  std::unique_lock<std::recursive_mutex> LockForEviction() {
+    std::unique_lock<std::recursive_mutex> l(mu_, std::defer_lock);
+    if (at::in_parallel_region()) (void)l.try_lock();
+    else l.lock();
+    return l;
+  }
+  // Adds its lifetime to search_ns_ (Note [Where the time goes]).
+  struct SearchClock {
+    explicit SearchClock(Engine* e) : e_(e), t0_(NowNs()) {}
+    ~SearchClock() { e_->search_ns_ += NowNs() - t0_; }
+    Engine* e_;
+    double t0_;
   };
   Entry* EntryOf(const at::Tensor& t, bool create);
   Entry* FindEntry(StorageId sid) {
@@ -168,6 +224,15 @@ class Engine final : public ReplayBackend, public alloc::EvictionHandler {
   std::string TName(Entry* e) { return absl::StrCat("t", e->trace_id); }
 
   DtrEnvConfig cfg_;
+  const ManagedDevice managed_;
+  // Note [Deferred op costs]: on CUDA, recorded ops' costs are corrected with kernel times.
+  std::unique_ptr<CostEventSource> cost_events_;
+  std::unique_ptr<DeferredCosts> deferred_costs_;
+#if DTR_WITH_CUDA
+  CudaAllocatorAdapter* cuda_ = nullptr;
+  struct DeviceHandler;
+  std::vector<DeviceHandler*> device_handlers_;  // one per device allocator, never freed (like the engine)
+#endif
   mutable std::recursive_mutex mu_;
   std::unique_ptr<Runtime> rt_;
   std::unique_ptr<alloc::HostBackend> backend_;

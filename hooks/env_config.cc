@@ -16,7 +16,7 @@ extern char** environ;
 namespace dtr::hooks {
 namespace {
 
-const char* const kKnown[] = {"DTR_BUDGET",     "DTR_HEURISTIC",  "DTR_DEALLOC",
+const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLOCATOR", "DTR_HEURISTIC",  "DTR_DEALLOC",
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_DEBUG_DISABLE_RULES"};
 
@@ -34,8 +34,12 @@ absl::Status Bad(const char* var, const char* value, absl::string_view accepted)
 }  // namespace
 
 std::string DtrEnvConfig::ToString() const {
+  const char* dev = device == DeviceChoice::kCpu ? "cpu" : device == DeviceChoice::kCuda ? "cuda" : "auto";
   return absl::StrCat("DtrEnvConfig{enable=", enable, ", evict=", evict, ", budget=",
-                      unlimited() ? std::string("unlimited") : FormatBytes(budget_bytes),
+                      budget_fraction > 0 ? absl::StrCat(budget_fraction, " of device memory")
+                      : unlimited()       ? std::string("unlimited")
+                                          : FormatBytes(budget_bytes),
+                      ", device=", dev, ", cuda_allocator=", cuda_allocator,
                       ", heuristic=", HeuristicName(heuristic), ", dealloc=", DeallocPolicyName(dealloc),
                       ", search=", SearchModeName(search), ", stats_file='", stats_file,
                       "', trace_file='", trace_file, "', verbose=", verbose,
@@ -69,12 +73,28 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
   if (const char* v = getenv_fn("DTR_BUDGET")) {
     if (!strcmp(v, "unlimited") || !strcmp(v, "none")) {
       c.budget_bytes = kUnlimitedBudget;
+    } else if (std::strchr(v, '.') != nullptr && std::strspn(v, "0123456789.") == std::strlen(v)) {
+      double f = 0;
+      if (!absl::SimpleAtod(v, &f) || !(f > 0 && f <= 1))
+        return Bad("DTR_BUDGET", v, "a fraction of device memory in (0, 1] such as 0.6, or a byte count");
+      c.budget_fraction = f;
     } else {
       auto b = ParseBytes(v);
       if (!b.ok() || *b == 0)
-        return Bad("DTR_BUDGET", v, absl::StrCat(AcceptedByteForms(), " (nonzero), or 'unlimited'"));
+        return Bad("DTR_BUDGET", v,
+                   absl::StrCat(AcceptedByteForms(), " (nonzero), a fraction of CUDA memory such as 0.6, or 'unlimited'"));
       c.budget_bytes = *b;
     }
+  }
+  if (const char* v = getenv_fn("DTR_DEVICE")) {
+    if (!strcmp(v, "auto")) c.device = DeviceChoice::kAuto;
+    else if (!strcmp(v, "cpu")) c.device = DeviceChoice::kCpu;
+    else if (!strcmp(v, "cuda")) c.device = DeviceChoice::kCuda;
+    else return Bad("DTR_DEVICE", v, "auto | cpu | cuda");
+  }
+  if (const char* v = getenv_fn("DTR_CUDA_ALLOCATOR")) {
+    if (strcmp(v, "native") && strcmp(v, "dtr")) return Bad("DTR_CUDA_ALLOCATOR", v, "native | dtr");
+    c.cuda_allocator = v;
   }
   if (const char* v = getenv_fn("DTR_HEURISTIC")) {
     auto h = ParseHeuristic(v);

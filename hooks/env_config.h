@@ -2,8 +2,13 @@
 // validated, printable value type. Torch-free so it can be unit-tested and reused.
 //
 // Variables (all optional):
-//   DTR_BUDGET      byte budget on reserved CPU memory (dtr::ParseBytes forms); unset: unlimited
-//                   (dtr then only tracks and reports peaks)
+//   DTR_BUDGET      budget on reserved memory of the managed device, in bytes (dtr::ParseBytes
+//                   forms: 6GiB, 6000MB) or, on CUDA, as a fraction of each device's memory (a
+//                   decimal in (0, 1] such as 0.6); unset: unlimited (dtr then only tracks and
+//                   reports peaks)
+//   DTR_DEVICE      auto | cpu | cuda (default auto: cuda when dtr was built with its CUDA adapter
+//                   and a GPU is visible, else cpu): whose tensors dtr manages and budgets
+//   DTR_CUDA_ALLOCATOR  native | dtr (default native): Note [Two CUDA backends]
 //   DTR_HEURISTIC   eviction heuristic name (dtr::ParseHeuristic), default dtr-eq
 //   DTR_DEALLOC     eager-evict | banish (dtr::ParseDeallocPolicy)
 //   DTR_SEARCH      sampled | exact (dtr::ParseSearchMode)
@@ -41,10 +46,15 @@ namespace dtr::hooks {
 
 constexpr int kMaxRule = 6;
 
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+
 struct DtrEnvConfig {
   bool enable = true;
   bool evict = true;
   uint64_t budget_bytes = kUnlimitedBudget;
+  double budget_fraction = 0;  // > 0: DTR_BUDGET given as a fraction of device memory (CUDA)
+  DeviceChoice device = DeviceChoice::kAuto;
+  std::string cuda_allocator = "native";
   HeuristicKind heuristic = HeuristicKind::kDtrEq;
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
@@ -53,7 +63,7 @@ struct DtrEnvConfig {
   int verbose = 0;
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
-  bool unlimited() const { return budget_bytes == kUnlimitedBudget; }
+  bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }
   bool rule_enabled(int r) const { return (disabled_rules & (1u << r)) == 0; }
   std::string ToString() const;
 };

@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -66,6 +67,20 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
   const OpInfo& info = it->second;
   if (info.kind == Kind::kPassthrough) return pass();
+  if (CaptureUnderway()) {
+    // Note [No replay during graph capture]: run the op as is; an evicted input cannot be
+    // brought back now.
+    ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
+      if (!Manageable(t)) return;
+      Entry* e = EntryOf(t, false);
+      const StorageRecord* r = e ? rt_->storage(e->sid) : nullptr;
+      TORCH_CHECK(r == nullptr || r->resident(), "dtr: ", info.name,
+                  " reads a tensor dtr evicted, inside CUDA graph capture (dtr never rematerializes while a graph is "
+                  "captured). Pin the tensors the captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
+                  "before capturing");
+    });
+    return pass();
+  }
 
   // Note [Unmanaged operands]: an op with a tensor dtr cannot record or replay (sparse,
   // quantized, nested, a Python-key subclass, another device) runs unrecorded, but its
@@ -105,8 +120,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // evictable and be rematerialized to their initial values, or read unmaterialized by the
   // kernel. So they go through Runtime::Mutate first (not replayable): resident constants from
   // then on, and readers of the old statistics (an eval-mode batch norm) are detached.
-  const bool bn_training = info.name == "aten::native_batch_norm" && (*stack)[base + 5].isBool() &&
-                           (*stack)[base + 5].toBool();
+  // cudnn_batch_norm and miopen_batch_norm (reached directly on GPUs) share the argument layout.
+  const bool bn_training = (info.name == "aten::native_batch_norm" || info.name == "aten::cudnn_batch_norm" ||
+                            info.name == "aten::miopen_batch_norm") &&
+                           (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
   std::vector<StorageId> running_stats;
   std::vector<Entry*> running_stat_entries;
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
@@ -217,7 +234,22 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     rr->args[4] = c10::IValue();
   }
   rr->tensors = targs;
-  at::Generator def = at::detail::getDefaultCPUGenerator();
+  // Random ops draw from the default generator of the device they run on: a device argument
+  // (factories), else the first tensor's.
+  rr->gen_device = c10::Device(c10::DeviceType::CPU);
+  {
+    bool found = false;
+    for (size_t i = base; i < stack->size() && !found; ++i)
+      if ((*stack)[i].isDevice()) {
+        rr->gen_device = (*stack)[i].toDevice();
+        found = true;
+      }
+    if (!found && !targs.empty()) rr->gen_device = GetAt(*stack, base, targs.front().path).device();
+    if (!rr->gen_device.is_cuda()) rr->gen_device = c10::Device(c10::DeviceType::CPU);  // meta, ...
+    if (rr->gen_device.is_cuda() && !rr->gen_device.has_index())
+      rr->gen_device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
+  }
+  at::Generator def = DefaultGenerator(rr->gen_device);
   if (info.gen_arg >= 0 && cfg_.rule_enabled(6)) {
     rr->gen_arg = info.gen_arg;
     const c10::IValue& g = (*stack)[base + info.gen_arg];
@@ -229,10 +261,29 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     std::lock_guard<std::mutex> gl(def.mutex());
     rr->default_gen = def.clone();
   }
+  // Note [Deferred op costs]: on CUDA the launch time is provisional; the kernel time corrects
+  // it once its events complete. Earlier ops' corrections are applied first.
+  struct CostSpan {
+    DeferredCosts* costs;
+    DeferredCosts::Span span;
+    OpId op;
+    double provisional = 0;
+    bool recorded = false;
+    ~CostSpan() {
+      if (costs == nullptr) return;
+      if (recorded) costs->Submit(op, span, provisional);
+      else costs->Discard(span);
+    }
+  } cost_span{deferred_costs_.get()};
+  if (deferred_costs_) {
+    if (deferred_costs_->pending() > 0)
+      deferred_costs_->Poll([&](OpId op, double delta) { (void)rt_->AddOpCost(op, delta); });
+    cost_span.span = deferred_costs_->Begin();
+  }
   uint64_t serial0 = LastSlotSerial();
   const bool watch_rng = info.gen_arg < 0 && !info.seeded_no_gen && cfg_.rule_enabled(6);
   GenMark mark0;
-  if (watch_rng) mark0 = GenMark::Now();
+  if (watch_rng) mark0 = GenMark::Now(rr->gen_device);
   double cost;
   try {
     cost = timed_pass();
@@ -240,7 +291,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     delete rr;
     throw;
   }
-  if (watch_rng && !(GenMark::Now() == mark0)) {
+  if (deferred_costs_) deferred_costs_->End(cost_span.span);
+  if (watch_rng && !(GenMark::Now(rr->gen_device) == mark0)) {
     // Note [Random ops without a Generator argument]: this op drew from the default generator
     // although we did not know it was random. Its outputs cannot be replayed exactly: keep them
     // as constants, and treat the op as seeded from now on.
@@ -315,6 +367,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!out_sids.ok()) {
     delete rr;
     Check(out_sids.status(), info.name.c_str());
+  }
+  if (cost_span.costs != nullptr && !out_sids->empty()) {
+    cost_span.op = rt_->storage((*out_sids)[0])->recipe.front();
+    cost_span.provisional = cost;
+    cost_span.recorded = true;
   }
   std::string trace_outs;
   for (size_t i = 0; i < outs.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 namespace dtr::hooks {
@@ -46,10 +47,22 @@ bool IsRandomFamily(const std::string& name) {
 
 }  // namespace
 
-GenMark GenMark::Now() {
+at::Generator DefaultGenerator(c10::Device device) {
+  if (!device.is_cuda()) return at::detail::getDefaultCPUGenerator();
+  return at::globalContext().defaultGenerator(device);
+}
+
+GenMark GenMark::Now(c10::Device device) {
+  GenMark m;
+  if (device.is_cuda()) {
+    at::Generator gen = DefaultGenerator(device);
+    std::lock_guard<std::mutex> l(gen.mutex());
+    m.seed = gen.current_seed();
+    m.offset = gen.get_offset();
+    return m;
+  }
   at::Generator def = at::detail::getDefaultCPUGenerator();
   auto* g = def.get<at::CPUGeneratorImpl>();
-  GenMark m;
   at::mt19937 e = g->engine();
   auto d = e.data();
   m.seed = d.seed_;

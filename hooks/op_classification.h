@@ -36,15 +36,21 @@ struct OpInfo {
 // contents are whatever the program writes next, possibly outside the dispatcher).
 OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty);
 
-// A cheap fingerprint of the default CPU generator's position in its stream.
+// The default generator of `device`: the CUDA device's Philox generator, else the CPU one.
+at::Generator DefaultGenerator(c10::Device device);
+
+// A cheap fingerprint of a default generator's position in its stream: the CPU Mersenne
+// Twister's state, or a Philox generator's seed and offset.
 struct GenMark {
   uint64_t seed = 0;
   int left = 0;
   uint32_t next = 0;
+  uint64_t offset = 0;
   bool has_f = false, has_d = false;
-  static GenMark Now();
+  static GenMark Now(c10::Device device = c10::Device(c10::DeviceType::CPU));
   bool operator==(const GenMark& o) const {
-    return seed == o.seed && left == o.left && next == o.next && has_f == o.has_f && has_d == o.has_d;
+    return seed == o.seed && left == o.left && next == o.next && offset == o.offset && has_f == o.has_f &&
+           has_d == o.has_d;
   }
 };
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 
 namespace dtr::hooks {
 
@@ -33,8 +34,48 @@ std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* e
   return out;
 }
 
+namespace {
+
+constexpr std::pair<at::Float32Backend, at::Float32Op> kPrecisionKeys[4] = {
+    {at::Float32Backend::CUDA, at::Float32Op::MATMUL},
+    {at::Float32Backend::CUDA, at::Float32Op::CONV},
+    {at::Float32Backend::MKLDNN, at::Float32Op::MATMUL},
+    {at::Float32Backend::MKLDNN, at::Float32Op::CONV},
+};
+
+}  // namespace
+
+ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
+  const at::Context& c = at::globalContext();
+  BackendFlags f;
+  f.deterministic = c.deterministicAlgorithms();
+  f.deterministic_warn_only = c.deterministicAlgorithmsWarnOnly();
+  f.cudnn_deterministic = c.deterministicCuDNN();
+  f.cudnn_benchmark = c.benchmarkCuDNN();
+  f.cudnn_enabled = c.userEnabledCuDNN();
+  f.mkldnn_enabled = c.userEnabledMkldnn();
+  for (int i = 0; i < 4; ++i)
+    f.precision[i] = uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
+  return f;
+}
+
+void ReplayRecord::BackendFlags::Apply() const {
+  at::Context& c = at::globalContext();
+  if (c.deterministicAlgorithms() != deterministic || c.deterministicAlgorithmsWarnOnly() != deterministic_warn_only)
+    c.setDeterministicAlgorithms(deterministic, deterministic_warn_only);
+  if (c.deterministicCuDNN() != cudnn_deterministic) c.setDeterministicCuDNN(cudnn_deterministic);
+  if (c.benchmarkCuDNN() != cudnn_benchmark) c.setBenchmarkCuDNN(cudnn_benchmark);
+  if (c.userEnabledCuDNN() != cudnn_enabled) c.setUserEnabledCuDNN(cudnn_enabled);
+  if (c.userEnabledMkldnn() != mkldnn_enabled) c.setUserEnabledMkldnn(mkldnn_enabled);
+  for (int i = 0; i < 4; ++i)
+    if (uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second)) != precision[i])
+      c.setFloat32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second, at::Float32Precision(precision[i]));
+}
+
 at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(impl), c10::DispatchKeySet(c10::DispatchKey::CPU),
+  // The dispatch key of the storage's device (CPU or CUDA).
+  const c10::DispatchKey key = c10::computeDispatchKey(std::nullopt, c10::kStrided, impl->device());
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(impl), c10::DispatchKeySet(key),
                                                     c10::scalarTypeToTypeMeta(m.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
   t.unsafeGetTensorImpl()->set_storage_offset(m.offset);

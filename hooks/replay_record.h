@@ -62,10 +62,20 @@ struct ReplayRecord {
   int gen_arg = -1;
   c10::optional<at::Generator> gen;          // pristine clone for Generator? args
   c10::optional<at::Generator> default_gen;  // pristine default generator state (seeded ops)
+  c10::Device gen_device{c10::DeviceType::CPU};  // whose default generator default_gen is
   // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
-  // produce (factories without dtype, int tensor * float scalar, ...). A replay runs under the
-  // default dtype that was current when the op first ran.
+  // produce (factories without dtype, int tensor * float scalar, ...), and the backend flags
+  // (deterministic algorithms, cuDNN deterministic/benchmark, TF32) change which kernel runs and
+  // so the bits. A replay runs under the values that were current when the op first ran.
   caffe2::TypeMeta default_dtype = c10::get_default_dtype();
+  struct BackendFlags {
+    bool deterministic = false, deterministic_warn_only = false, cudnn_deterministic = false,
+         cudnn_benchmark = false, cudnn_enabled = true, mkldnn_enabled = true;
+    uint8_t precision[4] = {};  // float32Precision of (CUDA|MKLDNN) x (MATMUL|CONV)
+    static BackendFlags Current();
+    void Apply() const;
+    bool operator==(const BackendFlags&) const = default;
+  } flags = BackendFlags::Current();
   explicit ReplayRecord(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 

@@ -15,6 +15,8 @@ std::atomic<uint64_t> g_serial{0};
 
 }  // namespace
 
+CudaSlotOps g_cuda_slot_ops;
+
 uint64_t NextSlotSerial() { return ++g_serial; }
 uint64_t LastSlotSerial() { return g_serial.load(); }
 
@@ -31,14 +33,25 @@ void TombDeleter(void* ctx) {
   delete s;
 }
 
-bool IsOurs(const c10::DataPtr& dp) { return dp.get_deleter() == &DataDeleter || dp.get_deleter() == &TombDeleter; }
+bool IsOurs(const c10::DataPtr& dp) {
+  c10::DeleterFnPtr d = dp.get_deleter();
+  return d == &DataDeleter || d == &TombDeleter || (d != nullptr && d == g_cuda_slot_ops.deleter);
+}
 
 Slot* SlotOf(const c10::DataPtr& dp) {
-  if (dp.get_deleter() == &DataDeleter) return SlotOfData(dp.get_context());
-  if (dp.get_deleter() == &TombDeleter) return static_cast<Slot*>(dp.get_context());
+  c10::DeleterFnPtr d = dp.get_deleter();
+  if (d == &DataDeleter) return SlotOfData(dp.get_context());
+  if (d == &TombDeleter) return static_cast<Slot*>(dp.get_context());
+  if (d != nullptr && d == g_cuda_slot_ops.deleter) return g_cuda_slot_ops.find(dp.get());
   return nullptr;
 }
 
-c10::DataPtr TombPtr(Slot* tomb) { return c10::DataPtr(nullptr, tomb, &TombDeleter, c10::Device(c10::DeviceType::CPU)); }
+c10::DataPtr TombPtr(Slot* tomb, c10::Device device) { return c10::DataPtr(nullptr, tomb, &TombDeleter, device); }
+
+c10::DataPtr ResidentPtr(Slot* s) {
+  if (s->cuda_device >= 0)
+    return c10::DataPtr(s->mem, s->mem, g_cuda_slot_ops.deleter, c10::Device(c10::DeviceType::CUDA, s->cuda_device));
+  return c10::DataPtr(DataOf(s), DataOf(s), &DataDeleter, c10::Device(c10::DeviceType::CPU));
+}
 
 }  // namespace dtr::hooks

@@ -34,6 +34,9 @@ struct Slot {
   size_t bytes = 0;
   Entry* entry = nullptr;
   uint64_t serial = 0;
+  // >= 0: memory on that CUDA device, a heap slot owned by the CUDA adapter (Note [CUDA slots],
+  // cuda_allocator.cc); -1: host memory (resident slots live in their block's header).
+  int16_t cuda_device = -1;
 };
 constexpr size_t kHeader = 64;
 static_assert(sizeof(Slot) <= kHeader, "slot header");
@@ -70,12 +73,29 @@ void TombDeleter(void* ctx);
 inline Slot* SlotOfData(void* data) { return reinterpret_cast<Slot*>(static_cast<char*>(data) - kHeader); }
 inline void* DataOf(Slot* s) { return reinterpret_cast<char*>(s) + kHeader; }
 
+// The CUDA adapter's side of slots (Note [CUDA slots], cuda_allocator.cc), set when it is
+// installed; all null in a CPU-only build or process.
+struct CudaSlotOps {
+  c10::DeleterFnPtr deleter = nullptr;       // the deleter of resident CUDA DataPtrs
+  Slot* (*find)(const void* data) = nullptr;  // the slot of a resident CUDA pointer
+  void (*free)(Slot* s) = nullptr;            // gives a CUDA slot's block back, deletes the slot
+  c10::Allocator* allocator = nullptr;        // for StorageImpls the engine creates
+};
+extern CudaSlotOps g_cuda_slot_ops;
+
 // Whether a DataPtr is one of ours (resident or tombstone).
 bool IsOurs(const c10::DataPtr& dp);
 // The slot (resident or tombstone) of one of our DataPtrs; nullptr for others.
 Slot* SlotOf(const c10::DataPtr& dp);
-// A tombstone DataPtr with `tomb` as its context.
-c10::DataPtr TombPtr(Slot* tomb);
+// A tombstone DataPtr with `tomb` as its context, on `device` (the storage's device).
+c10::DataPtr TombPtr(Slot* tomb, c10::Device device = c10::Device(c10::DeviceType::CPU));
+// The device a slot's memory is (or, for a tombstone, was) on.
+inline c10::Device SlotDevice(const Slot* s) {
+  return s->cuda_device >= 0 ? c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(s->cuda_device))
+                             : c10::Device(c10::DeviceType::CPU);
+}
+// A resident DataPtr for a slot whose bytes the engine took over (either device).
+c10::DataPtr ResidentPtr(Slot* s);
 
 // Allocation serials: the allocator stamps each new resident slot with the next one, so the
 // fallback can tell storages allocated while an op ran (serial > the last serial before it).

@@ -387,6 +387,22 @@ absl::Status Runtime::SetHandle(StorageId id, uint64_t handle) {
   return absl::OkStatus();
 }
 
+absl::Status Runtime::AddOpCost(OpId id, double delta) {
+  OpRecord* op = ops_.Find(id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("op ", id.packed(), " is no longer recorded"));
+  op->cost = std::max(0.0, op->cost + delta);
+  for (StorageId out : op->outputs) {
+    StorageRecord* r = storages_.Find(out);
+    if (r == nullptr || std::find(r->recipe.begin(), r->recipe.end(), id) == r->recipe.end()) continue;
+    const double before = r->cost;
+    r->cost = std::max(0.0, r->cost + delta);
+    if (r->state == StorageState::kEvicted && r->component != EvictedComponents::kNone)
+      components_.AddCost(r->component, r->cost - before);
+  }
+  stats_.base_cost += delta;
+  return absl::OkStatus();
+}
+
 void Runtime::Lock(StorageId id) { ++rec(id).locks; }
 
 void Runtime::Unlock(StorageId id) {

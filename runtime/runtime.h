@@ -79,6 +79,11 @@ class Runtime {
   absl::Status Pin(StorageId id);
   absl::Status Unpin(StorageId id);
   absl::Status SetHandle(StorageId id, uint64_t handle);
+  // Corrects an op's recorded cost by `delta` once its true cost is known (a GPU kernel's time,
+  // read after the op was recorded: Note [Deferred op costs], deferred_costs.h). Every storage
+  // whose recipe holds the op, and their evicted components, see the change. NotFound for an op
+  // that was dropped meanwhile.
+  absl::Status AddOpCost(OpId id, double delta);
 
   // ---- Memory ------------------------------------------------------------------------------
   // Evicts until memory() + bytes <= budget, or fails with ResourceExhausted explaining what

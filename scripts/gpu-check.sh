@@ -1,28 +1,67 @@
 #!/usr/bin/env bash
-# On the GPU machine (../shared/gpu/README.md: torch 2.11+cu130 on Python 3.12, nvcc, cmake, ninja,
-# no network): builds dtr against the machine's own torch and runs the torch test-suites there.
-# Everything that prints goes to $OUT/gpu-check.log too.
-#   bash ../shared/gpu/fetch-deps.sh   (at home, once: abseil/GoogleTest debs into .gpu-deps/), and
+# One command for a machine with an NVIDIA GPU (../shared/gpu/README.md: torch 2.11+cu130 on
+# Python 3.12, nvcc, cmake, ninja, no network). Steps, each logged to $OUT/gpu-check.log:
+#   1. build and install dtr against the machine's torch (CUDA adapter included);
+#   2. the CUDA adapter's C++ tests (fake backends), also under compute-sanitizer when present;
+#   3. pytest on the CPU paths of the torch integration (tests/hooks, tests/python);
+#   4. the budget sweep on CUDA (scripts/gpu_budget_check.py: a conv net and a Transformer, plain
+#      vs dtr at 0.9/0.7/0.5 of the plain peak: time per step, max_memory_reserved <= budget,
+#      bit-identical losses and weights), for both DTR_CUDA_ALLOCATOR backends;
+#   5. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
+# Budget: at most 9 minutes on an H100 (build ~1 min, tests ~3, sweep ~4).
+# Prepare at home, once:
+#   mkdir -p .git/info && bash ../shared/gpu/fetch-deps.sh   (abseil/GoogleTest debs into .gpu-deps/)
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu-deps/wheels \
 #       scikit-build-core packaging pathspec pytest pluggy iniconfig
 # then on the device, carrying .gpu-deps:   bash scripts/gpu-check.sh [pytest args]
-# Today this checks the CPU paths on torch 2.11 (the oldest supported release, where DispatchKey
-# Fake sits above Python); the CUDA allocator checks join it with the CUDA adapter.
+# Here, without a GPU:   bash scripts/gpu-check.sh --dry-run
+#   builds the hooks with the CUDA adapter against this machine's venv (scripts/env.sh), runs
+#   step 2, checks that every later step's inputs exist, and prints the plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-check.log") 2>&1
+report="$out/report.md"
+step() { echo "== $*"; echo "- $*" >> "$report"; }
+result() { echo "  - $*" >> "$report"; }
+
+if [ "${1:-}" = "--dry-run" ]; then
+  echo "# gpu-check --dry-run ($(date -u +%FT%TZ))" > "$report"
+  source scripts/env.sh
+  step "1. build the hooks with the CUDA adapter against $("$VENV_PY" -c 'import torch; print(torch.__version__)')"
+  "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else "a CUDA build of torch is needed")'
+  cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
+    -DDTR_BUILD_BENCH=OFF >/dev/null
+  ninja -C build-hooks dtr_torch cuda_allocator_test
+  result "built"
+  step "2. CUDA adapter tests (fake backends)"
+  ctest --test-dir build-hooks -L hooks --output-on-failure && result "passed"
+  step "3-4. inputs of the GPU steps"
+  for f in scripts/gpu_budget_check.py tests/hooks tests/python ../shared/gpu/fetch-deps.sh; do
+    test -e "$f" || { echo "missing: $f"; exit 1; }
+  done
+  "$VENV_PY" -m py_compile scripts/gpu_budget_check.py
+  "$VENV_PY" scripts/gpu_budget_check.py --help >/dev/null
+  result "present; gpu_budget_check.py compiles"
+  echo "plan on the GPU machine: deps from .gpu-deps, pip install --no-build-isolation ., python -m dtr --info,"
+  echo "  build-gpu/bin/cuda_allocator_test (+ compute-sanitizer memcheck), pytest tests/hooks tests/python,"
+  echo "  gpu_budget_check.py with DTR_CUDA_ALLOCATOR=native and =dtr, report in \$OUT/report.md"
+  cat "$report"
+  exit 0
+fi
+
+echo "# gpu-check ($(date -u +%FT%TZ))" > "$report"
 source .gpu-deps/env.sh
 # dtr refuses unknown DTR_* variables (a typo must not run without its budget): keep env.sh's
 # prefix under another name.
 deps_prefix=$DTR_GPU_PREFIX_PATH
 unset DTR_GPU_PREFIX_PATH
 py=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$report" || true
 echo "== install build tools from .gpu-deps/wheels"
 "$py" -m pip install -q --no-index --find-links .gpu-deps/wheels scikit-build-core pytest
-echo "== build and install dtr against $("$py" -c 'import torch; print(torch.__version__)')"
+step "1. build and install dtr against $("$py" -c 'import torch; print(torch.__version__)')"
 start=$(date +%s)
 "$py" -m pip install -q --no-build-isolation -C build-dir=build/py-gpu \
   -C cmake.define.CMAKE_PREFIX_PATH="$deps_prefix" .
@@ -37,10 +76,26 @@ print(f"DispatchKey::Fake = {k}; Python = {int(torch._C.DispatchKey.Python)}: Fa
       f"{'above' if k > int(torch._C.DispatchKey.Python) else 'below'} Python; "
       f"fallback on Fake before dtr: {torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey(k))}")
 PY
-echo "== dtr-sim (for the trace test)"
-cmake -G Ninja -S . -B build-gpu -DDTR_BUILD_HOOKS=OFF -DDTR_BUILD_TESTS=OFF -DDTR_BUILD_BENCH=OFF \
+"$py" -m dtr --info | tee -a "$report"
+step "2. CUDA adapter C++ tests; dtr-sim for the trace test"
+cmake -G Ninja -S . -B build-gpu -DDTR_PYTHON="$py" -DDTR_BUILD_BENCH=OFF \
   -DCMAKE_PREFIX_PATH="$deps_prefix" >/dev/null
-ninja -C build-gpu dtr-sim dtr-chain >/dev/null
-echo "== pytest (CPU paths of the torch integration)"
-BUILD_DIR=$PWD/build-gpu "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
-  --junitxml="$out/pytest.xml" tests/hooks tests/python "$@"
+ninja -C build-gpu dtr-sim dtr-chain cuda_allocator_test >/dev/null
+set +e
+build-gpu/bin/cuda_allocator_test --gtest_brief=1 && result "passed" || result "FAILED"
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck build-gpu/bin/cuda_allocator_test --gtest_brief=1 >/dev/null 2>&1 \
+    && result "memcheck clean" || result "memcheck FAILED"
+fi
+step "3. pytest (CPU paths of the torch integration)"
+BUILD_DIR=$PWD/build-gpu timeout 240 "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
+  --junitxml="$out/pytest.xml" tests/hooks tests/python "$@" && result "passed" || result "FAILED (see pytest.xml)"
+for backend in native dtr; do
+  step "4. budget sweep on CUDA, DTR_CUDA_ALLOCATOR=$backend"
+  timeout 200 "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
+    --out "$out/$backend" --steps 20 --warmup 5 && result "ran" || result "FAILED or timed out"
+  cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
+done
+set -e
+step "5. report: $report"
+cat "$report"

@@ -2,6 +2,7 @@
 # Sets up a fresh Debian 12 machine (scripts/setup.sh: the venv with torch and dtr installed) and
 # runs every test dtr has:
 #   1. the C++ build (Ninja; runtime, allocator, simulator) and all its ctest suites;
+#   1b. on the CUDA wheel: the hooks with the CUDA adapter and its C++ tests (fake backends);
 #   2. the runtime and allocator unit tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
 #   4. pytest through the installed package: tests/hooks (the torch integration), tests/python
@@ -36,6 +37,16 @@ else
   ninja -C build -j"$jobs"
   echo "== C++ tests"
   ctest --test-dir build --output-on-failure -j"$jobs"
+fi
+
+if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then
+  # The hooks against the CUDA wheel, with the CUDA adapter, and their C++ tests (fake backends,
+  # no GPU needed).
+  echo "== hooks + CUDA adapter against torch $TORCH_VERSION: build and C++ tests"
+  cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
+    -DDTR_BUILD_BENCH=OFF >/dev/null
+  ninja -C build-hooks -j"$jobs" dtr_torch cuda_allocator_test
+  ctest --test-dir build-hooks -L hooks --output-on-failure
 fi
 
 if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then

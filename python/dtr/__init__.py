@@ -36,6 +36,8 @@ OPTIONS = {
     "trace_file": "DTR_TRACE_FILE",
     "verbose": "DTR_VERBOSE",
     "evict": "DTR_EVICT",
+    "device": "DTR_DEVICE",
+    "cuda_allocator": "DTR_CUDA_ALLOCATOR",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

@@ -20,6 +20,8 @@ CLI_OPTIONS = {
     "--trace-file": "DTR_TRACE_FILE",
     "--verbose": "DTR_VERBOSE",
     "--evict": "DTR_EVICT",
+    "--device": "DTR_DEVICE",
+    "--cuda-allocator": "DTR_CUDA_ALLOCATOR",
 }
 
 

@@ -179,8 +179,30 @@ def test_info_prints_versions_features_and_configuration():
     out = r.stdout
     assert f"torch {torch.__version__}" in out
     assert ("CUDA " + torch.version.cuda + " build") in out if torch.version.cuda else "(CPU build)" in out
-    assert "CPU adapter: compiled" in out and "CUDA adapter: not compiled" in out
-    assert "budget=6.00 GiB" in out
+    # The CUDA adapter is built whenever torch is a CUDA build (it needs no GPU to build).
+    assert "CPU adapter: compiled" in out
+    assert ("CUDA adapter: compiled" if torch.version.cuda else "CUDA adapter: not compiled") in out
+    assert "budget=6.00 GiB" in out and "device=auto" in out and "cuda_allocator=native" in out
+
+
+def test_cuda_options_without_a_gpu_are_clear_errors():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: scripts/gpu-check.sh covers the CUDA options")
+    run = "import torch; print('ran')"
+    # A fraction of GPU memory means nothing for host memory.
+    r = sh([PY, "-m", "dtr", "--budget", "0.6", "-c", run])
+    assert r.returncode == 2 and "fraction of GPU memory" in r.stderr and "ran" not in r.stdout, r.stderr
+    r = sh([PY, "-m", "dtr", "--budget", "1.5", "-c", run])
+    assert r.returncode == 2 and "(0, 1]" in r.stderr, r.stderr
+    r = sh([PY, "-m", "dtr", "--device", "cuda", "-c", run])
+    assert r.returncode == 2 and "DTR_DEVICE=cuda" in r.stderr and "ran" not in r.stdout, r.stderr
+    r = sh([PY, "-m", "dtr", "--cuda-allocator", "mine", "-c", run])
+    assert r.returncode == 2 and "DTR_CUDA_ALLOCATOR" in r.stderr and "native | dtr" in r.stderr, r.stderr
+    # DTR_DEVICE=auto with no GPU manages host memory, as before.
+    r = sh([PY, "-m", "dtr", "--budget", "1GiB", "--device", "auto", "--cuda-allocator", "dtr", "-c",
+            "import torch, dtr; x = torch.ones(1000) * 2; print(dtr.stats()['device'], float(x.sum()))"])
+    assert r.returncode == 0 and r.stdout.split() == ["cpu", "2000.0"], (r.stdout, r.stderr)
 
 
 def test_info_refuses_a_mismatched_torch(tmp_path):

@@ -369,6 +369,31 @@ TEST_F(RuntimeTest, NeighborhoodCostsMatchTheirDefinitions) {
   }
 }
 
+// Note [Deferred op costs]: a cost corrected after recording reaches the op, the storages whose
+// recipe holds it, and the evicted neighborhoods they belong to.
+TEST_F(RuntimeTest, DeferredCostCorrectionsReachRecipesAndEvictedNeighborhoods) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 2, 1);
+  StorageId b = Op1("b", {a}, 2, 2);
+  StorageId c = Op1("c", {b}, 2, 4);
+  const OpId op_b = rt_->storage(b)->recipe.front();
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  const double before = rt_->ScoreOf(c);
+  ASSERT_TRUE(rt_->AddOpCost(op_b, 98).ok());  // the kernel took 100, not the 2 its launch took
+  EXPECT_DOUBLE_EQ(rt_->op(op_b)->cost, 100);
+  EXPECT_DOUBLE_EQ(rt_->storage(b)->cost, 100);
+  const double staleness = rt_->now() - rt_->storage(c)->last_access + 1;
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), (4 + 100) / (2 * staleness));  // b is in c's evicted neighborhood
+  EXPECT_GT(rt_->ScoreOf(c), before);
+  ASSERT_TRUE(rt_->AddOpCost(op_b, -500).ok());  // never negative
+  EXPECT_DOUBLE_EQ(rt_->storage(b)->cost, 0);
+  Check();
+  ASSERT_TRUE(rt_->Access(b).ok());
+  EXPECT_FALSE(rt_->AddOpCost(OpId{}, 1).ok());
+  Check();
+}
+
 TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
   double scores[2];
   for (int damping = 0; damping < 2; ++damping) {

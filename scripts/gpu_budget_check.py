@@ -1,0 +1,163 @@
+"""Budget sweep on CUDA for scripts/gpu-check.sh: two models (a conv net and a Transformer encoder,
+built here so the GPU machine needs nothing beyond torch), each trained plain, then under dtr at
+fractions of the plain run's peak reserved memory, every run in a fresh process.
+
+For each run it reports: time per step (CUDA events, after warm-up), max_memory_reserved against
+the budget, dtr's evictions/rematerializations, and whether losses and final weights are
+bit-identical to the unbudgeted dtr run (deterministic algorithms on). Writes a JSON and a
+Markdown table to --out.
+
+  python3 scripts/gpu_budget_check.py --out $OUT            (the sweep)
+  python3 scripts/gpu_budget_check.py --worker MODEL ...    (one run; used by the sweep)
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+MODELS = ("convnet", "transformer")
+
+
+def build(name, torch):
+    nn = torch.nn
+    if name == "convnet":
+        layers, c = [], 3
+        for width in (64, 64, 128, 128, 256, 256):
+            layers += [nn.Conv2d(c, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            c = width
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
+        data = (torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,)))
+        loss_fn = lambda out, y: nn.functional.cross_entropy(out, y)
+    else:
+        layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.1, batch_first=True)
+        model = nn.Sequential(nn.TransformerEncoder(layer, 6), nn.Linear(512, 512))
+        data = (torch.randn(32, 256, 512), torch.randn(32, 256, 512))
+        loss_fn = lambda out, y: nn.functional.mse_loss(out, y)
+    return model, data, loss_fn
+
+
+def worker(args):
+    import torch
+
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    dev = torch.device("cuda")
+    model, (x, y), loss_fn = build(args.worker, torch)
+    model = model.to(dev)
+    x, y = x.to(dev), y.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    losses, times = [], []
+    for step in range(args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        end.record()
+        losses.append(loss.item())
+        torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(start.elapsed_time(end))
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    stats = {}
+    try:
+        import dtr
+
+        if dtr.is_enabled():
+            stats = dtr.stats()
+    except Exception:
+        pass
+    print(json.dumps({
+        "model": args.worker, "ms_per_step": sum(times) / max(1, len(times)), "losses": losses,
+        "weights": h.hexdigest(), "max_reserved": torch.cuda.max_memory_reserved(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "evictions": stats.get("evictions", 0), "remats": stats.get("rematerializations", 0),
+    }))
+
+
+def run(model, steps, warmup, budget=None, dtr=True, cuda_allocator="native", evict=True):
+    cmd = [sys.executable]
+    if dtr:
+        cmd += ["-m", "dtr"] + (["--budget", str(budget)] if budget else []) + ([] if evict else ["--evict", "0"])
+    cmd += [__file__, "--worker", model, "--steps", str(steps), "--warmup", str(warmup)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_")}
+    if dtr:
+        env["DTR_CUDA_ALLOCATOR"] = cuda_allocator
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        oom = "OutOfMemoryError" in p.stderr or "out of memory" in p.stderr
+        return {"ok": False, "oom": oom, "error": " | ".join(tail), "wall_s": wall}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r.update(ok=True, wall_s=wall)
+    return r
+
+
+def sweep(args):
+    rows, report = [], {}
+    for model in MODELS:
+        plain = run(model, args.steps, args.warmup, dtr=False)
+        ref = run(model, args.steps, args.warmup, dtr=True, cuda_allocator=args.cuda_allocator)
+        report[model] = {"plain": plain, "dtr_unbudgeted": ref, "budgets": []}
+        if not (plain.get("ok") and ref.get("ok")):
+            rows.append(f"| {model} | - | plain or unbudgeted dtr failed: {plain.get('error') or ref.get('error')} |")
+            continue
+        peak = plain["max_reserved"]
+        rows.append(f"| {model} | plain | {plain['ms_per_step']:.2f} ms | 1.00x | {peak / 2**20:.0f} MiB | - | - |")
+        rows.append(f"| {model} | dtr, no budget | {ref['ms_per_step']:.2f} ms | "
+                    f"{ref['ms_per_step'] / plain['ms_per_step']:.2f}x | {ref['max_reserved'] / 2**20:.0f} MiB | - | "
+                    f"{'yes' if ref['losses'] == plain['losses'] else 'NO'} (vs plain) |")
+        for frac in args.fractions:
+            budget = int(peak * frac)
+            r = run(model, args.steps, args.warmup, budget=budget, cuda_allocator=args.cuda_allocator)
+            report[model]["budgets"].append(dict(r, fraction=frac, budget=budget))
+            if not r["ok"]:
+                rows.append(f"| {model} | {frac:.2f} of peak | {'OOM' if r['oom'] else 'FAILED'} | - | - | - | "
+                            f"{r['error'][:120]} |")
+                continue
+            same = r["losses"] == ref["losses"] and r["weights"] == ref["weights"]
+            within = r["max_reserved"] <= budget
+            rows.append(f"| {model} | {frac:.2f} of peak | {r['ms_per_step']:.2f} ms | "
+                        f"{r['ms_per_step'] / plain['ms_per_step']:.2f}x | {r['max_reserved'] / 2**20:.0f} MiB "
+                        f"({'<=' if within else 'OVER'} budget) | {r['evictions']}/{r['remats']} | "
+                        f"{'yes' if same else 'NO'} |")
+        # The same budget without eviction (a plain cap) must die: dtr is what makes it train.
+        low = int(peak * min(args.fractions))
+        capped = run(model, args.steps, args.warmup, budget=low, cuda_allocator=args.cuda_allocator, evict=False)
+        report[model]["without_eviction"] = capped
+        rows.append(f"| {model} | {min(args.fractions):.2f} of peak, DTR_EVICT=0 | "
+                    f"{'OOM (expected)' if not capped['ok'] and capped['oom'] else 'UNEXPECTED: ' + str(capped.get('error', 'trained'))[:80]}"
+                    f" | - | - | - | - |")
+    table = ("| model | run | time/step | vs plain | max reserved | evictions/remats | bit-identical |\n"
+             "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "budget_sweep.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, "budget_sweep.md"), "w") as f:
+        f.write(table + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", choices=MODELS)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.9, 0.7, 0.5])
+    ap.add_argument("--cuda-allocator", choices=("native", "dtr"), default="native")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
+    args = ap.parse_args()
+    worker(args) if args.worker else sweep(args)
+
+
+if __name__ == "__main__":
+    main()
