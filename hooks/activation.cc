@@ -10,6 +10,7 @@
 // Activation parses DTR_* (env_config.h), creates g_engine, registers the fallback and
 // torch.ops.dtr.*, installs the CPU allocator, includes DispatchKey::Fake in this thread's
 // dispatch TLS, and writes DTR_STATS_FILE at exit. Only these C functions are exported.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,8 +23,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #if DTR_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-
 #include "hooks/cuda_cost_events.h"
 #endif
 
@@ -42,12 +41,28 @@ namespace {
 std::atomic<bool> g_active{false};
 std::string g_activation_error;  // why the last dtr_activate returned 1
 
+// Whether the machine has an NVIDIA GPU this process may see, asked without initializing CUDA:
+// cuInit at import would fix CUDA_VISIBLE_DEVICES before the script sets it and break CUDA in
+// processes forked later. The driver lists its GPUs under /proc/driver/nvidia/gpus.
+bool GpuVisibleWithoutInitializingCuda() {
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && (v[0] == '\0' || v[0] == '-'))
+    return false;  // "" or "-1": every GPU hidden
+  DIR* dir = opendir("/proc/driver/nvidia/gpus");
+  if (dir == nullptr) return false;
+  bool any = false;
+  while (dirent* e = readdir(dir)) any = any || e->d_name[0] != '.';
+  closedir(dir);
+  return any;
+}
+
 // DTR_DEVICE=auto picks CUDA when this build has the CUDA adapter and a GPU is visible.
 absl::StatusOr<ManagedDevice> ResolveDevice(const DtrEnvConfig& cfg) {
 #if DTR_WITH_CUDA
-  const bool gpu = c10::cuda::device_count() > 0;
+  const bool gpu = GpuVisibleWithoutInitializingCuda();
   if (cfg.device == DeviceChoice::kCuda && !gpu)
-    return absl::InvalidArgumentError("dtr: DTR_DEVICE=cuda but no CUDA device is visible");
+    return absl::InvalidArgumentError(
+        "dtr: DTR_DEVICE=cuda but no NVIDIA GPU is visible (none under /proc/driver/nvidia/gpus, or "
+        "CUDA_VISIBLE_DEVICES hides them all)");
   if (cfg.device == DeviceChoice::kCuda || (cfg.device == DeviceChoice::kAuto && gpu)) return ManagedDevice::kCuda;
 #else
   if (cfg.device == DeviceChoice::kCuda)

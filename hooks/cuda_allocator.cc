@@ -92,6 +92,8 @@ std::string CudaBudget::ToString() const {
 struct CudaAllocatorAdapter::CudaSlot : Slot {
   CudaAllocatorAdapter* owner = nullptr;
   c10::DataPtr native;  // native backend: the block as the native allocator handed it out
+  cudaStream_t stream = nullptr;            // the allocation stream
+  std::vector<cudaStream_t> other_streams;  // streams already recorded for this block
 };
 
 namespace {
@@ -147,6 +149,27 @@ void CudaAllocatorAdapter::FreeSlot(Slot* s) {
   delete cs;
 }
 
+// Note [Streams of evictable memory]
+// PyTorch frees a block only when its last reference dies, so a program that reads a tensor on a
+// side stream without record_stream is still safe as long as it holds the tensor. dtr frees
+// blocks of live tensors (eviction): a block read on another stream could then be reused on its
+// allocation stream while that read is still running. So every managed operand of an op gets
+// its op's stream recorded with the allocator when it differs from the allocation stream (once
+// per stream): eviction then waits for those uses exactly as a free after record_stream does.
+void CudaAllocatorAdapter::NoteUse(Slot* s, cudaStream_t stream) {
+  auto* cs = static_cast<CudaSlot*>(s);
+  if (cs->mem == nullptr || stream == cs->stream) return;
+  for (cudaStream_t seen : cs->other_streams)
+    if (seen == stream) return;
+  cs->other_streams.push_back(stream);
+  if (opts_.backend == CudaBackendKind::kNative) {
+    auto cuda_stream = c10::cuda::getStreamFromExternal(stream, cs->cuda_device);
+    native().recordStream(cs->native, cuda_stream);
+  } else if (alloc::CachingAllocator* a = DtrAllocatorOf(cs->cuda_device)) {
+    (void)a->RecordStream(cs->mem, alloc::Stream{uint64_t(reinterpret_cast<uintptr_t>(stream))});
+  }
+}
+
 c10::DataPtr CudaAllocatorAdapter::DataPtrOf(Slot* s) const {
   return c10::DataPtr(s->mem, s->mem, &CudaDataDeleter, c10::Device(c10::DeviceType::CUDA, s->cuda_device));
 }
@@ -161,6 +184,7 @@ struct CudaAllocatorAdapter::Device {
   size_t total = 0;
   double user_fraction = -1;  // set_per_process_memory_fraction; < 0: never set
   bool fraction_applied = false;
+  bool fraction_ever_set = false;  // native: a fraction below 1 was given to the allocator
   // dtr backend
   std::unique_ptr<alloc::DeviceMemoryBackend> backend;
   std::unique_ptr<alloc::CachingAllocator> alloc;
@@ -212,27 +236,33 @@ alloc::CachingAllocator* CudaAllocatorAdapter::DtrAllocatorOf(c10::DeviceIndex d
 size_t CudaAllocatorAdapter::BudgetOn(c10::DeviceIndex device) { return DeviceState(device).budget; }
 
 absl::Status CudaAllocatorAdapter::SetBudgetBytes(int64_t bytes) {
-  std::vector<Device*> devs;
+  CudaBudget budget;
+  if (bytes > 0) {
+    budget.unlimited = false;
+    budget.bytes = uint64_t(bytes);
+  }
+  std::vector<std::pair<Device*, size_t>> devs;
   {
     std::lock_guard<std::mutex> l(mu_);
-    budget_ = CudaBudget{};
-    if (bytes > 0) {
-      budget_.unlimited = false;
-      budget_.bytes = uint64_t(bytes);
+    // Validate on every device in use before changing anything.
+    for (auto& d : devices_) {
+      if (!d || !d->budget_resolved) continue;
+      absl::StatusOr<size_t> b = budget.Resolve(d->total, d->index);
+      if (!b.ok()) return b.status();
+      devs.emplace_back(d.get(), *b);
     }
-    for (auto& d : devices_)
-      if (d) devs.push_back(d.get());
+    budget_ = budget;
   }
-  for (Device* d : devs) {
-    absl::StatusOr<size_t> b = budget_.Resolve(d->total, d->index);
-    if (!b.ok()) return b.status();
+  for (auto [d, b] : devs) {
+    size_t cap = b;
     {
       std::lock_guard<std::mutex> l(mu_);
-      d->budget = *b;
+      d->budget = b;
       d->fraction_applied = false;
+      if (d->user_fraction >= 0) cap = std::min(cap, size_t(d->user_fraction * double(d->total)));
     }
     if (d->alloc) {
-      absl::Status st = d->alloc->SetBudget(*b);
+      absl::Status st = d->alloc->SetBudget(cap);
       if (!st.ok()) return st;
     } else {
       ApplyNativeFraction(*d);
@@ -258,21 +288,31 @@ void CudaAllocatorAdapter::Refuse(const char* what) const {
 }
 
 // The native budget is a memory fraction: the smaller of the user's and dtr's wins.
+// Applied lazily (the native allocator needs init() for the device first, and only devices in
+// use get a cap); re-applied after a budget or user-fraction change, and reset to 1.0 once a
+// fraction was set and neither applies any more.
 void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
   double user, fraction;
   size_t budget, total;
+  bool ever;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (d.fraction_applied) return;
-    d.fraction_applied = true;
     user = d.user_fraction;
     budget = d.budget;
     total = d.total;
+    ever = d.fraction_ever_set;
   }
-  if (budget == std::numeric_limits<size_t>::max() && user < 0) return;
-  fraction = user < 0 ? 1.0 : user;
-  if (total > 0 && budget < total) fraction = std::min(fraction, double(budget) / double(total));
-  native().setMemoryFraction(fraction, d.index);
+  if (!native().initialized()) return;  // applied at the first allocation instead
+  const bool unlimited = budget == std::numeric_limits<size_t>::max() && user < 0;
+  if (!unlimited || ever) {
+    fraction = user < 0 ? 1.0 : user;
+    if (total > 0 && budget < total) fraction = std::min(fraction, double(budget) / double(total));
+    native().setMemoryFraction(fraction, d.index);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  d.fraction_applied = true;
+  d.fraction_ever_set = d.fraction_ever_set || !unlimited;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -283,13 +323,14 @@ c10::DataPtr CudaAllocatorAdapter::allocate(size_t n) {
   Device& d = DeviceState(dev);
   c10::DataPtr native_dp;
   void* ptr = nullptr;
+  const cudaStream_t stream = platform_.current_stream(dev);
   if (opts_.backend == CudaBackendKind::kNative) {
     native_dp = AllocateNative(d, n);
     ptr = native_dp.get();
     if (ptr == nullptr) return native_dp;  // zero bytes: no slot (Note [CUDA slots])
   } else {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CUDA, dev));
-    ptr = AllocateDtr(d, n, platform_.current_stream(dev));
+    ptr = AllocateDtr(d, n, stream);
   }
   auto* s = new CudaSlot();
   s->mem = ptr;
@@ -298,6 +339,7 @@ c10::DataPtr CudaAllocatorAdapter::allocate(size_t n) {
   s->cuda_device = dev;
   s->owner = this;
   s->native = std::move(native_dp);
+  s->stream = stream;
   {
     SlotMap& m = Slots();
     std::lock_guard<std::mutex> g(m.mu);
@@ -307,12 +349,18 @@ c10::DataPtr CudaAllocatorAdapter::allocate(size_t n) {
 }
 
 c10::DataPtr CudaAllocatorAdapter::AllocateNative(Device& d, size_t n) {
+  const bool budgeted = d.budget != std::numeric_limits<size_t>::max();
+  // Uncached mode (PYTORCH_NO_CUDA_MEMORY_CACHING=1) is plain cudaMalloc: no stats, no memory
+  // fraction, so no budget could hold. Refuse rather than run unbudgeted.
+  TORCH_CHECK(!budgeted || native().isEnabled(), "dtr: DTR_BUDGET cannot be enforced while PyTorch's CUDA caching ",
+              "allocator is disabled (PYTORCH_NO_CUDA_MEMORY_CACHING=1): unset it, or use DTR_CUDA_ALLOCATOR=dtr");
   ApplyNativeFraction(d);
   CudaEvictor* ev = opts_.evict ? evictor() : nullptr;
   const size_t need = RoundNative(n);
-  const bool budgeted = d.budget != std::numeric_limits<size_t>::max();
   const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
   auto allocated = [&] { return size_t(native().getDeviceStats(d.index).allocated_bytes[agg].current); };
+  // A request that cannot fit beside what can never be evicted fails without evicting anything.
+  if (ev != nullptr && budgeted && need + ev->UnevictableBytes(d.index) > d.budget) ev = nullptr;
   // A request that cannot fit even with a perfectly packed cache: evict before asking.
   if (ev != nullptr && budgeted && n > 0 && allocated() + need > d.budget)
     ev->EvictOnDevice(d.index, [&] { return allocated() + need <= d.budget; });
@@ -459,6 +507,9 @@ void* CudaAllocatorAdapter::raw_alloc_with_stream(size_t nbytes, cudaStream_t st
 }
 
 void CudaAllocatorAdapter::raw_delete(void* ptr) {
+  // A pointer from allocate() whose DataPtr was released (torch's cudagraph trees swap the
+  // deleter of "standard" DataPtrs for raw_delete): free it as its deleter would.
+  if (ptr != nullptr && FindSlot(ptr) != nullptr) return CudaDataDeleter(ptr);
   if (opts_.backend == CudaBackendKind::kNative) return native().raw_delete(ptr);
   if (ptr == nullptr) return;
   std::vector<alloc::CachingAllocator*> all;
@@ -520,7 +571,17 @@ bool CudaAllocatorAdapter::isEnabled() const {
 }
 
 void CudaAllocatorAdapter::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
-  if (opts_.backend == CudaBackendKind::kNative) return native().cacheInfo(device, largestBlock);
+  if (opts_.backend == CudaBackendKind::kNative) {
+    native().cacheInfo(device, largestBlock);
+    // The native answer includes the device's free memory, beyond the budget: cuDNN would size
+    // workspaces (and evict for them) from it. Nothing larger than the budget's room can fit.
+    const size_t budget = DeviceState(device).budget;
+    if (budget != std::numeric_limits<size_t>::max()) {
+      const size_t allocated = AllocatedAndReserved(device).first;
+      *largestBlock = std::min(*largestBlock, budget > allocated ? budget - allocated : 0);
+    }
+    return;
+  }
   // Like the native allocator: the largest cached free block, or the device's free memory if
   // larger and the budget allows it (cuDNN sizes its benchmark workspace from this).
   size_t largest = 0;
@@ -604,24 +665,39 @@ cca::SnapshotInfo CudaAllocatorAdapter::snapshot(c10::MempoolId_t mempool_id, bo
 
 void CudaAllocatorAdapter::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                                std::function<bool(cudaStream_t)> filter) {
-  if (opts_.backend == CudaBackendKind::kNative)
+  if (opts_.backend == CudaBackendKind::kNative) {
+#if !DTR_CUDA_ALLOC_HAS_MARK_CAPTURE
+    captures_.fetch_add(1);  // before 2.13, pools are begun around captures (cuda_compat.h)
+#endif
     return native().beginAllocateToPool(device, mempool_id, std::move(filter));
+  }
   Refuse("CUDA graphs and private memory pools (beginAllocateToPool)");
 }
 
 void CudaAllocatorAdapter::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
-  if (opts_.backend == CudaBackendKind::kNative) return native().endAllocateToPool(device, mempool_id);
+  if (opts_.backend == CudaBackendKind::kNative) {
+#if !DTR_CUDA_ALLOC_HAS_MARK_CAPTURE
+    captures_.fetch_sub(1);
+#endif
+    return native().endAllocateToPool(device, mempool_id);
+  }
   Refuse("CUDA graphs and private memory pools (endAllocateToPool)");
 }
 
 #if DTR_CUDA_ALLOC_HAS_MARK_CAPTURE
 void CudaAllocatorAdapter::markCaptureBegin(c10::DeviceIndex device) {
-  if (opts_.backend == CudaBackendKind::kNative) return native().markCaptureBegin(device);
+  if (opts_.backend == CudaBackendKind::kNative) {
+    captures_.fetch_add(1);
+    return native().markCaptureBegin(device);
+  }
   Refuse("CUDA graph capture (markCaptureBegin)");
 }
 
 void CudaAllocatorAdapter::markCaptureEnd(c10::DeviceIndex device) {
-  if (opts_.backend == CudaBackendKind::kNative) return native().markCaptureEnd(device);
+  if (opts_.backend == CudaBackendKind::kNative) {
+    captures_.fetch_sub(1);
+    return native().markCaptureEnd(device);
+  }
   Refuse("CUDA graph capture (markCaptureEnd)");
 }
 #endif

@@ -81,6 +81,9 @@ class CudaEvictor {
   virtual size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) = 0;
   // dtr backend: the EvictionHandler for `device`'s caching allocator (not owned).
   virtual alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) = 0;
+  // Bytes on `device` that no eviction can free (pinned, constants, locked): a request that does
+  // not fit beside them fails at once instead of evicting everything first.
+  virtual size_t UnevictableBytes(c10::DeviceIndex device) = 0;
   // Where the memory is, for out-of-memory messages.
   virtual std::string Breakdown() = 0;
 };
@@ -116,6 +119,14 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   void FreeSlot(Slot* s);
   // A resident DataPtr for a slot taken over by the engine (same pointer, same deleter).
   c10::DataPtr DataPtrOf(Slot* s) const;
+  // The engine saw the slot's memory used by an op on `stream` (Note [Streams of evictable
+  // memory]): records the stream with the allocator when it is not the allocation stream.
+  void NoteUse(Slot* s, cudaStream_t stream);
+  // The current stream of the current device (for NoteUse).
+  cudaStream_t CurrentStream() { return platform_.current_stream(platform_.current_device()); }
+  // CUDA graph captures begun and not ended, process-wide (markCaptureBegin/End, or
+  // begin/endAllocateToPool before 2.13): dtr records, evicts and replays nothing meanwhile.
+  int captures_underway() const { return captures_.load(std::memory_order_acquire); }
 
   // ---- c10::Allocator ----
   c10::DataPtr allocate(size_t n) override;
@@ -217,6 +228,7 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   cca::CUDAAllocator* const native_;
   std::atomic<CudaEvictor*> evictor_{nullptr};
   std::atomic<bool> enabled_{true};
+  std::atomic<int> captures_{0};
 
   mutable std::mutex mu_;  // guards devices_, slots_, budget_ and the observers
   std::vector<std::unique_ptr<Device>> devices_;

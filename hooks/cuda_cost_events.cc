@@ -1,6 +1,7 @@
 // CUDA timing events for deferred op costs (see cuda_cost_events.h).
 #include "hooks/cuda_cost_events.h"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -12,14 +13,18 @@ cudaEvent_t AsEvent(uint64_t e) { return reinterpret_cast<cudaEvent_t>(uintptr_t
 }  // namespace
 
 CudaCostEvents::~CudaCostEvents() {
-  for (uint64_t e : spare_) (void)cudaEventDestroy(AsEvent(e));
+  for (const auto& spares : spare_)
+    for (uint64_t e : spares) (void)cudaEventDestroy(AsEvent(e));
 }
 
 uint64_t CudaCostEvents::Record() {
+  const int device = c10::cuda::current_device();
+  if (spare_.size() <= size_t(device)) spare_.resize(size_t(device) + 1);
+  std::vector<uint64_t>& spares = spare_[size_t(device)];
   uint64_t e = 0;
-  if (!spare_.empty()) {
-    e = spare_.back();
-    spare_.pop_back();
+  if (!spares.empty()) {
+    e = spares.back();
+    spares.pop_back();
   } else {
     cudaEvent_t ev = nullptr;
     if (cudaEventCreate(&ev) != cudaSuccess) {
@@ -27,10 +32,11 @@ uint64_t CudaCostEvents::Record() {
       return 0;
     }
     e = uint64_t(reinterpret_cast<uintptr_t>(ev));
+    device_of_[e] = device;
   }
-  if (cudaEventRecord(AsEvent(e), c10::cuda::getCurrentCUDAStream().stream()) != cudaSuccess) {
+  if (cudaEventRecord(AsEvent(e), c10::cuda::getCurrentCUDAStream(c10::DeviceIndex(device)).stream()) != cudaSuccess) {
     (void)cudaGetLastError();
-    spare_.push_back(e);
+    spares.push_back(e);
     return 0;
   }
   return e;
@@ -52,6 +58,6 @@ double CudaCostEvents::ElapsedNs(uint64_t start, uint64_t end) {
   return double(ms) * 1e6;
 }
 
-void CudaCostEvents::Release(uint64_t event) { spare_.push_back(event); }
+void CudaCostEvents::Release(uint64_t event) { spare_[size_t(device_of_.at(event))].push_back(event); }
 
 }  // namespace dtr::hooks

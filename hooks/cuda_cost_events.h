@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+
 #include "runtime/deferred_costs.h"
 
 namespace dtr::hooks {
@@ -19,9 +21,10 @@ class CudaCostEvents final : public CostEventSource {
   void Release(uint64_t event) override;
 
  private:
-  // Released events, reused: cudaEventCreate costs more than a record. Owned by the engine's
-  // lock like everything else it calls.
-  std::vector<uint64_t> spare_;
+  // Released events by device, reused: cudaEventCreate costs more than a record, and an event
+  // can only be recorded on its own device. Guarded by the engine's lock, like every call here.
+  std::vector<std::vector<uint64_t>> spare_;
+  absl::flat_hash_map<uint64_t, int> device_of_;
 };
 
 }  // namespace dtr::hooks

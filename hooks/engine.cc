@@ -11,6 +11,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#if DTR_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 #include "allocator/eviction_strategy.h"
 #include "runtime/bytes.h"
@@ -356,7 +360,9 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     PutAt(args, ta.path, MakeTensor(impl, ta.meta), ta.is_optional_list);
   }
   if (rr.gen) args[rr.gen_arg] = c10::IValue(rr.gen->clone());
-  c10::impl::ExcludeDispatchKeyGuard g(c10::autograd_dispatch_keyset_with_ADInplaceOrView |
+  // Recorded ops ran below autocast (they are already cast): a replay inside an autocast region
+  // must not cast them again.
+  c10::impl::ExcludeDispatchKeyGuard g(c10::autograd_dispatch_keyset_with_ADInplaceOrView | c10::autocast_dispatch_keyset |
                                        c10::DispatchKeySet({c10::DispatchKey::Fake, c10::DispatchKey::Python,
                                                             c10::DispatchKey::PythonTLSSnapshot}));
   if (CaptureUnderway())
@@ -497,8 +503,13 @@ bool Engine::CaptureUnderway() const {
   // captured, so a replay or an eviction then would be baked into the graph (and a replay's
   // generator handling is not capture-safe). Under capture dtr records nothing and evicts
   // nothing; the memory a captured region needs must fit the budget as it is.
-  if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr && c10::cuda::device_count() > 0)
-    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  // A capture on any thread (counted by the adapter) stops dtr: in the default "global" capture
+  // mode even a non-capturing thread's eviction or event query would invalidate it. The current
+  // stream is asked only once CUDA has a context (asking earlier would create one).
+  if (managed_ != ManagedDevice::kCuda || cuda_ == nullptr) return false;
+  if (cuda_->captures_underway() > 0) return true;
+  if (!cuda_->initialized() || !c10::cuda::hasPrimaryContext(c10::cuda::current_device())) return false;
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 #endif
   return false;
 }
@@ -523,7 +534,8 @@ void Engine::AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSou
 }
 
 alloc::EvictionHandler* Engine::HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  // Its own lock: called from allocations, possibly on a parallel-region worker (never mu_).
+  std::lock_guard<std::mutex> l(handlers_mu_);
   for (DeviceHandler* h : device_handlers_)
     if (h->alloc == a) return h;
   device_handlers_.push_back(new DeviceHandler(this, a, int(device)));
@@ -538,23 +550,50 @@ size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()
   Busy b(this);
   SearchClock search_clock(this);
   size_t freed = 0;
+  size_t k = 32;
   while (!enough()) {
-    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
+    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(k);
     size_t round = 0;
+    bool any_here = false;
     for (const Runtime::Candidate& c : ranked) {
       Entry* e = reinterpret_cast<Entry*>(c.handle);
       if (e == nullptr) e = FindEntry(c.id);
       if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != device) continue;
+      any_here = true;
       const size_t bytes = e->slot->bytes;
       if (!rt_->Evict(c.id).ok()) continue;
       round += bytes;
       if (enough()) break;
     }
     freed += round;
-    if (round == 0) break;
+    if (round == 0) {
+      // The best-ranked were all on other devices: look further down the ranking.
+      if (any_here || ranked.size() < k) break;
+      k *= 8;
+    }
   }
   return freed;
 }
+
+void Engine::NoteCudaUse(Slot* s) { cuda_->NoteUse(s, cuda_->CurrentStream()); }
+
+size_t Engine::UnevictableBytes(c10::DeviceIndex device) {
+  // Host and device storages share the runtime's count; with one managed device that is exact.
+  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+  return l.owns_lock() ? rt_->UnevictableBytes() : 0;
+}
+
+void Engine::ResetPeak() {
+  if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
+    if (!cuda_->initialized()) return;
+    for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) cuda_->resetPeakStats(d);
+    return;
+  }
+  alloc_->ResetPeakStats();
+}
+#else
+void Engine::ResetPeak() { alloc_->ResetPeakStats(); }
+void Engine::NoteCudaUse(Slot*) {}
 #endif
 
 Engine::MemoryCounters Engine::Counters() {

@@ -118,7 +118,10 @@ class Engine final : public ReplayBackend,
   void AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSource> events);
   size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override;
   alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) override;
+  size_t UnevictableBytes(c10::DeviceIndex device) override;
 #endif
+  // Where the allocated bytes are, for out-of-memory reports (also CudaEvictor's).
+  std::string Breakdown();
   // allocated and reserved bytes (current, peak) of the managed device memory.
   struct MemoryCounters {
     int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0;
@@ -131,8 +134,6 @@ class Engine final : public ReplayBackend,
   }
 
   std::string StatsJson();
-  // Where the allocated bytes are, for out-of-memory reports.
-  std::string Breakdown();
   // torch.ops.dtr.pin / unpin: keep a tensor's storage resident (for raw access: .numpy(),
   // torch.save, data_ptr(), extensions), see README "Caveats".
   void PinTensor(const at::Tensor& t, bool pin);
@@ -142,7 +143,7 @@ class Engine final : public ReplayBackend,
   // memory that cannot be evicted does not fit.
   void SetBudget(int64_t bytes);
   int64_t Budget();
-  void ResetPeak() { alloc_->ResetPeakStats(); }
+  void ResetPeak();
   // dtr.disable() / dtr.enable(): while paused the fallback passes every op through and nothing
   // is evicted. Pausing first brings back every evicted storage the program still holds, so
   // code that runs while paused (or reads memory outside the dispatcher) sees real data.
@@ -165,6 +166,21 @@ class Engine final : public ReplayBackend,
            (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) && t.layout() == c10::kStrided &&
            !t.is_quantized() && !t.is_nested();
   }
+  // Managing CUDA memory: Python numbers that became CPU tensors (x * 0.5) are constant inputs
+  // of the ops that read them (they are fresh and never written, so replaying with them is exact).
+  bool IsScalarOperand(const at::Tensor& t) const {
+    return managed_ == ManagedDevice::kCuda && t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number();
+  }
+  // Whether an op's arguments hold a CUDA tensor or a CUDA device.
+  static bool TouchesCuda(const c10::IValue* args, size_t n) {
+    bool cuda = false;
+    for (size_t i = 0; i < n && !cuda; ++i)
+      if (args[i].isDevice()) cuda = args[i].toDevice().is_cuda();
+    if (!cuda) ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) { cuda = cuda || t.is_cuda(); });
+    return cuda;
+  }
+  // Note [Streams of evictable memory] (cuda_allocator.cc): the op about to run uses `s`.
+  void NoteCudaUse(Slot* s);
   // Whether a CUDA stream capture is under way on the current stream: nothing may be evicted,
   // replayed or recorded then (Note [No replay during graph capture]).
   bool CaptureUnderway() const;
@@ -231,6 +247,7 @@ class Engine final : public ReplayBackend,
 #if DTR_WITH_CUDA
   CudaAllocatorAdapter* cuda_ = nullptr;
   struct DeviceHandler;
+  std::mutex handlers_mu_;  // guards device_handlers_ only
   std::vector<DeviceHandler*> device_handlers_;  // one per device allocator, never freed (like the engine)
 #endif
   mutable std::recursive_mutex mu_;

@@ -67,9 +67,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
   const OpInfo& info = it->second;
   if (info.kind == Kind::kPassthrough) return pass();
+  // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
+  // work: data loading, CPU scalars) is none of dtr's business.
+  if (managed_ == ManagedDevice::kCuda && !TouchesCuda(stack->data() + base, nargs)) return pass();
   if (CaptureUnderway()) {
-    // Note [No replay during graph capture]: run the op as is; an evicted input cannot be
-    // brought back now.
+    // Note [No replay during graph capture]: run the op as is. The graph keeps the addresses of
+    // what it reads, so those storages are pinned for good; an evicted one cannot be brought
+    // back now.
+    Busy busy(this);
     ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
       if (!Manageable(t)) return;
       Entry* e = EntryOf(t, false);
@@ -78,6 +83,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                   " reads a tensor dtr evicted, inside CUDA graph capture (dtr never rematerializes while a graph is "
                   "captured). Pin the tensors the captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
                   "before capturing");
+      if (r != nullptr) Check(rt_->Pin(e->sid), info.name.c_str());
     });
     return pass();
   }
@@ -89,7 +95,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // constants when first used.
   bool unmanaged = false;
   ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-    if (!Manageable(t)) unmanaged = true;
+    if (!Manageable(t) && !IsScalarOperand(t)) unmanaged = true;
   });
   if (unmanaged) {
     Busy busy(this);
@@ -134,6 +140,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       return;
     }
     Entry* e = EntryOf(t, true);
+    if (managed_ == ManagedDevice::kCuda && e->slot != nullptr && e->slot->mem != nullptr && e->slot->cuda_device >= 0)
+      NoteCudaUse(e->slot);  // Note [Streams of evictable memory]
     TensorArg ta{p, e->sid, TensorMeta::Of(t), optl};
     targs.push_back(std::move(ta));
     in_sids.push_back(e->sid);
@@ -275,10 +283,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       else costs->Discard(span);
     }
   } cost_span{deferred_costs_.get()};
-  if (deferred_costs_) {
+  if (deferred_costs_ && rr->gen_device.is_cuda()) {
     if (deferred_costs_->pending() > 0)
       deferred_costs_->Poll([&](OpId op, double delta) { (void)rt_->AddOpCost(op, delta); });
     cost_span.span = deferred_costs_->Begin();
+  } else {
+    cost_span.costs = nullptr;
   }
   uint64_t serial0 = LastSlotSerial();
   const bool watch_rng = info.gen_arg < 0 && !info.seeded_no_gen && cfg_.rule_enabled(6);
@@ -291,7 +301,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     delete rr;
     throw;
   }
-  if (deferred_costs_) deferred_costs_->End(cost_span.span);
+  if (cost_span.costs != nullptr) deferred_costs_->End(cost_span.span);
   if (watch_rng && !(GenMark::Now(rr->gen_device) == mark0)) {
     // Note [Random ops without a Generator argument]: this op drew from the default generator
     // although we did not know it was random. Its outputs cannot be replayed exactly: keep them
@@ -326,6 +336,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     const c10::DataPtr& dp = impl->data_ptr();
     Slot* os = SlotOf(dp);
+    if (os == nullptr && impl->nbytes() == 0 && managed_ == ManagedDevice::kCuda) {
+      // An empty CUDA output has no pointer and no slot (Note [CUDA slots]): nothing to manage,
+      // and no reason to keep the op's other outputs from being recorded.
+      views_of_inputs = false;
+      return;
+    }
     bool fresh = os != nullptr && os->mem != nullptr && os->entry == nullptr && os->serial > serial0;
     for (auto* seen : new_impls)
       if (seen == impl) fresh = false;

@@ -8,7 +8,8 @@
 #      vs dtr at 0.9/0.7/0.5 of the plain peak: time per step, max_memory_reserved <= budget,
 #      bit-identical losses and weights), for both DTR_CUDA_ALLOCATOR backends;
 #   5. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
-# Budget: at most 9 minutes on an H100 (build ~1 min, tests ~3, sweep ~4).
+# Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5); GPU_CHECK_PYTEST=0
+# skips step 3.
 # Prepare at home, once:
 #   mkdir -p .git/info && bash ../shared/gpu/fetch-deps.sh   (abseil/GoogleTest debs into .gpu-deps/)
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu-deps/wheels \
@@ -88,11 +89,11 @@ if command -v compute-sanitizer >/dev/null; then
     && result "memcheck clean" || result "memcheck FAILED"
 fi
 step "3. pytest (CPU paths of the torch integration)"
-BUILD_DIR=$PWD/build-gpu timeout 240 "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
-  --junitxml="$out/pytest.xml" tests/hooks tests/python "$@" && result "passed" || result "FAILED (see pytest.xml)"
+[ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout 180 "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
+  --junitxml="$out/pytest.xml" tests/hooks tests/python "$@" && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0)"
 for backend in native dtr; do
   step "4. budget sweep on CUDA, DTR_CUDA_ALLOCATOR=$backend"
-  timeout 200 "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
+  timeout 150 "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
     --out "$out/$backend" --steps 20 --warmup 5 && result "ran" || result "FAILED or timed out"
   cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
 done

@@ -97,8 +97,10 @@ class RecordingNative final : public cca::CUDAAllocator {
     return {cca::StreamSegmentSize(FakeStream(7), true, 1024)};
   }
   void enable(bool v) override { Log(absl::StrCat("enable(", v, ")")); }
-  bool isEnabled() const override { const_cast<RecordingNative*>(this)->Log("isEnabled()"); return true; }
-  void cacheInfo(c10::DeviceIndex d, size_t* b) override { Log(absl::StrCat("cacheInfo(", int(d), ")")); *b = 4096; }
+  bool enabled = true;  // false: like PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  bool isEnabled() const override { const_cast<RecordingNative*>(this)->Log("isEnabled()"); return enabled; }
+  size_t largest_block = 4096;
+  void cacheInfo(c10::DeviceIndex d, size_t* b) override { Log(absl::StrCat("cacheInfo(", int(d), ")")); *b = largest_block; }
   void* getBaseAllocation(void* p, size_t* size) override {
     Log(absl::StrCat("getBaseAllocation(", reinterpret_cast<uintptr_t>(p), ")"));
     *size = 8192;
@@ -244,6 +246,8 @@ class FakeEvictor final : public CudaEvictor {
   std::vector<c10::DataPtr> held;
   int native_calls = 0;
   int handler_calls = 0;
+  size_t unevictable = 0;
+  size_t UnevictableBytes(c10::DeviceIndex) override { return unevictable; }
 
   size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override {
     ++native_calls;
@@ -515,6 +519,84 @@ TEST_F(NativeTest, OutOfMemoryWhenNothingIsEvictable) {
     EXPECT_THAT(e.what(), HasSubstr("CUDA out of memory (fake)"));
   }
 }
+
+TEST_F(NativeTest, ARequestThatCannotFitBesideUnevictableMemoryFailsWithoutEvicting) {
+  auto a = Make(8 * kMiB);
+  native_.cap = 8 * kMiB;
+  for (int i = 0; i < 6; ++i) evictor_.held.push_back(a->allocate(kMiB));
+  evictor_.unevictable = 5 * kMiB;  // say five of them are pinned
+  EXPECT_THROW(a->allocate(4 * kMiB), c10::OutOfMemoryError);
+  EXPECT_EQ(evictor_.native_calls, 0);
+  EXPECT_EQ(evictor_.held.size(), 6u);  // nothing was evicted for a request that could never fit
+}
+
+TEST_F(NativeTest, UsesOnOtherStreamsAreRecordedOncePerStream) {
+  auto a = Make();
+  c10::DataPtr p = a->allocate(4096);  // on stream 0
+  Slot* s = a->FindSlot(p.get());
+  a->NoteUse(s, FakeStream(0));  // the allocation stream: nothing to record
+  EXPECT_EQ(native_.Last(), "allocate(4096)");
+  a->NoteUse(s, FakeStream(5));
+  a->NoteUse(s, FakeStream(5));
+  int records = 0;
+  for (const std::string& c : native_.calls) records += c.rfind("recordStream(", 0) == 0;
+  EXPECT_EQ(records, 1);
+  EXPECT_THAT(native_.Last(), HasSubstr(",own,"));  // torch's own DataPtr, so it is not ignored
+}
+
+TEST_F(NativeTest, RawDeleteOfAnAllocatedPointerFreesItsSlotOnce) {
+  auto a = Make();
+  c10::DataPtr p = a->allocate(4096);
+  void* ptr = p.release_context();  // what torch's cudagraph trees do before raw_delete
+  const size_t frees_before = native_.allocated;
+  a->raw_delete(ptr);
+  EXPECT_EQ(native_.allocated, frees_before - 4096);
+  EXPECT_EQ(a->FindSlot(ptr), nullptr);
+}
+
+TEST_F(NativeTest, CacheInfoNeverReportsMoreThanTheBudgetLeaves) {
+  auto a = Make(8 * kMiB);
+  native_.largest_block = kGiB;  // the native answer includes free device memory
+  c10::DataPtr p = a->allocate(2 * kMiB);
+  size_t largest = 0;
+  a->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, 6 * kMiB);
+}
+
+TEST_F(NativeTest, RefusesABudgetWhenTorchsCachingIsDisabled) {
+  native_.enabled = false;
+  auto a = Make(8 * kMiB);
+  try {
+    a->allocate(10);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("PYTORCH_NO_CUDA_MEMORY_CACHING"));
+  }
+  auto unbudgeted = Make();
+  EXPECT_NE(unbudgeted->allocate(10).get(), nullptr);  // without a budget it simply runs
+}
+
+TEST_F(NativeTest, LiftingTheBudgetResetsTheFraction) {
+  auto a = Make(4 * kGiB);
+  c10::DataPtr p = a->allocate(10);
+  EXPECT_EQ(native_.Last().rfind("allocate", 0), 0u);
+  ASSERT_TRUE(a->SetBudgetBytes(2 * kGiB).ok());
+  EXPECT_EQ(native_.Last(), "setMemoryFraction(0.125,0)");
+  ASSERT_TRUE(a->SetBudgetBytes(0).ok());
+  EXPECT_EQ(native_.Last(), "setMemoryFraction(1,0)");
+  EXPECT_FALSE(a->SetBudgetBytes(int64_t(64 * kGiB)).ok());  // larger than the device: refused,
+  EXPECT_EQ(a->BudgetOn(0), SIZE_MAX);                        // and nothing changed
+}
+
+#if DTR_CUDA_ALLOC_HAS_MARK_CAPTURE
+TEST_F(NativeTest, CountsCapturesUnderway) {
+  auto a = Make();
+  a->markCaptureBegin(0);
+  EXPECT_EQ(a->captures_underway(), 1);
+  a->markCaptureEnd(0);
+  EXPECT_EQ(a->captures_underway(), 0);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // dtr backend
