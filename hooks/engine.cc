@@ -41,8 +41,10 @@ absl::Status Engine::Init() {
   release_on_free_ = !cfg_.unlimited();
   adapter_ = std::make_unique<CpuAllocatorAdapter>(alloc_.get());
   if (!cfg_.trace_file.empty()) {
-    trace_.open(cfg_.trace_file, std::ios::out | std::ios::trunc);
-    if (!trace_) return absl::InvalidArgumentError("dtr: cannot open DTR_TRACE_FILE " + cfg_.trace_file);
+    absl::StatusOr<std::string> path = ExpandFileNameNow("DTR_TRACE_FILE", cfg_.trace_file);
+    if (!path.ok()) return path.status();
+    trace_.open(*path, std::ios::out | std::ios::trunc);
+    if (!trace_) return absl::InvalidArgumentError("dtr: cannot open DTR_TRACE_FILE " + *path);
     trace_ << "dtr-trace 1\n# written by libdtr_torch\n";
   }
   return absl::OkStatus();
@@ -254,8 +256,9 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
     e->slot = nullptr;
     return false;
   }
-  if (e->weak.expired()) {
-    // Note [Dead storages the runtime still needs]: steal the bytes (or tombstone).
+  {
+    // Note [Dead storages the runtime still needs], Note [Memory replaced under a live
+    // storage]: steal the bytes (or the tombstone).
     c10::DataPtr dp;
     if (s->mem != nullptr) {
       s->entry = e;
@@ -270,8 +273,6 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
     e->owned = c10::make_intrusive<c10::StorageImpl>(
         c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes), std::move(dp), owner,
         /*resizable=*/false);
-  } else {
-    e->slot = nullptr;  // someone replaced the memory of a live storage (resize_): no longer ours
   }
   if (!e->dead) {
     e->dead = true;
@@ -649,7 +650,24 @@ std::string Engine::StatsJson() {
 void Engine::WriteStatsFile() {
   if (trace_.is_open()) trace_.flush();
   if (cfg_.stats_file.empty()) return;
-  std::ofstream f(cfg_.stats_file, std::ios::out | std::ios::trunc);
+  {
+    // A process that never held a tensor has nothing to report, and must not overwrite the file
+    // of one that did: torchrun's agent inherits DTR_STATS_FILE=stats-{rank}.json without a RANK,
+    // and exits after its ranks.
+    std::lock_guard<std::recursive_mutex> l(mu_);
+    if (Counters().peak_allocated == 0 && rt_->stats().ops_recorded == 0 && rt_->stats().constants == 0) return;
+  }
+  // Note [Per-process file names]: {pid} is this process's, also in a forked child.
+  absl::StatusOr<std::string> path = ExpandFileNameNow("DTR_STATS_FILE", cfg_.stats_file);
+  if (!path.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(path.status().message()).c_str());
+    return;
+  }
+  std::ofstream f(*path, std::ios::out | std::ios::trunc);
+  if (!f) {
+    std::fprintf(stderr, "dtr: cannot write DTR_STATS_FILE %s\n", path->c_str());
+    return;
+  }
   f << StatsJson() << "\n";
 }
 

@@ -19,6 +19,19 @@
 // collects it (Release(permanently=true) frees the internal StorageImpl). Storages whose memory
 // is not ours (from_numpy, pre-activation allocations) cannot be stolen: replay records hold a
 // strong reference to those (they are constants anyway, never evicted).
+//
+// Note [Memory replaced under a live storage]
+// A live storage's memory can be replaced outside the dispatcher: FSDP frees an unsharded
+// parameter with untyped_storage().resize_(0) after the forward and refills it before the
+// backward; resize_ and set_ do the same inside ops. The records that read the old bytes (a
+// layer's matmul reading its unsharded weight) would replay from whatever the storage holds
+// later: nothing (an error) or other values (silently wrong). So the deleter keeps the old bytes
+// exactly as for a dead storage: the entry takes them over (Entry::owned) and drops the program's
+// reference. Replays read the old bytes, and the runtime releases them when no record needs
+// them any more (at the latest when the step's activations die). The storage's new memory is
+// a new constant from its first use. The kept bytes count against the budget. Pinning the
+// readers instead (detaching them) kept more memory: every linear output of an FSDP model
+// became a constant, and 0.85 of the peak no longer fit.
 #ifndef DTR_HOOKS_ENGINE_H_
 #define DTR_HOOKS_ENGINE_H_
 

@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,13 +114,15 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     if (!s.ok()) return Bad("DTR_SEARCH", v, "sampled | exact");
     c.search = *s;
   }
-  if (const char* v = getenv_fn("DTR_STATS_FILE")) {
-    if (!*v) return Bad("DTR_STATS_FILE", v, "a non-empty file path");
-    c.stats_file = v;
-  }
-  if (const char* v = getenv_fn("DTR_TRACE_FILE")) {
-    if (!*v) return Bad("DTR_TRACE_FILE", v, "a non-empty file path");
-    c.trace_file = v;
+  for (auto [var, field] : {std::pair<const char*, std::string*>{"DTR_STATS_FILE", &c.stats_file},
+                             std::pair<const char*, std::string*>{"DTR_TRACE_FILE", &c.trace_file}}) {
+    const char* v = getenv_fn(var);
+    if (v == nullptr) continue;
+    if (!*v) return Bad(var, v, "a non-empty file path");
+    // Note [Per-process file names]: the placeholders are checked now, expanded at open.
+    if (absl::StatusOr<std::string> checked = ExpandFileName(var, v, getenv_fn, 0); !checked.ok())
+      return checked.status();
+    *field = v;
   }
   if (const char* v = getenv_fn("DTR_VERBOSE")) {
     int n = 0;
@@ -133,6 +138,44 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     }
   }
   return c;
+}
+
+absl::StatusOr<std::string> ExpandFileName(const char* var, const std::string& pattern,
+                                           const std::function<const char*(const char*)>& getenv_fn,
+                                           long pid) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size();) {
+    const char ch = pattern[i];
+    if (ch == '}') return Bad(var, pattern.c_str(), "a file path; '}' without '{' (placeholders: {rank}, {pid})");
+    if (ch != '{') {
+      out.push_back(ch);
+      ++i;
+      continue;
+    }
+    const size_t close = pattern.find('}', i);
+    if (close == std::string::npos)
+      return Bad(var, pattern.c_str(), "a file path; '{' without '}' (placeholders: {rank}, {pid})");
+    const std::string name = pattern.substr(i + 1, close - i - 1);
+    if (name == "pid") {
+      absl::StrAppend(&out, pid);
+    } else if (name == "rank") {
+      const char* rank = getenv_fn("RANK");
+      int64_t r = 0;
+      if (rank != nullptr && (!absl::SimpleAtoi(rank, &r) || r < 0))
+        return absl::InvalidArgumentError(absl::StrCat("dtr: ", var, "='", pattern, "' uses {rank} but RANK='", rank,
+                                                       "' is not a non-negative integer"));
+      absl::StrAppend(&out, r);
+    } else {
+      return Bad(var, pattern.c_str(), absl::StrCat("a file path; unknown placeholder {", name,
+                                                    "} (placeholders: {rank}, {pid})"));
+    }
+    i = close + 1;
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ExpandFileNameNow(const char* var, const std::string& pattern) {
+  return ExpandFileName(var, pattern, [](const char* n) { return std::getenv(n); }, static_cast<long>(getpid()));
 }
 
 absl::StatusOr<DtrEnvConfig> ParseProcessEnv() {

@@ -14,6 +14,7 @@
 //   DTR_SEARCH      sampled | exact (dtr::ParseSearchMode)
 //   DTR_STATS_FILE  path: JSON statistics written at process exit
 //   DTR_TRACE_FILE  path: trace format v1 (runtime/sim/trace.h) written as the program runs
+//                   (both may hold {rank} and {pid}: Note [Per-process file names])
 //   DTR_VERBOSE     0 | 1 | 2
 //   DTR_ENABLE      0 | 1 (default 1): 0 leaves the process untouched even when preloaded
 //   DTR_EVICT       0 | 1 (default 1): 0 keeps the budget but never evicts (the budget is then a
@@ -76,6 +77,21 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
 
 // From the real process environment.
 absl::StatusOr<DtrEnvConfig> ParseProcessEnv();
+
+// Note [Per-process file names]
+// Under torchrun every rank inherits the same DTR_STATS_FILE, and a forked worker inherits its
+// parent's configuration: one path would be overwritten by every process. A file path may hold
+// {rank} (the RANK variable that torchrun and torch.distributed's launchers set; 0 when unset, as
+// for a single process) and {pid} (the id of the process that writes the file). They are
+// expanded when the file is opened, not when the configuration is parsed, so a forked child gets
+// its own {pid}. ParseEnvConfig rejects any other {placeholder}, an unmatched brace, and a RANK
+// that is not a non-negative integer, at start-up.
+absl::StatusOr<std::string> ExpandFileName(const char* var, const std::string& pattern,
+                                           const std::function<const char*(const char*)>& getenv_fn,
+                                           long pid);
+
+// ExpandFileName against this process's environment and pid.
+absl::StatusOr<std::string> ExpandFileNameNow(const char* var, const std::string& pattern);
 
 }  // namespace dtr::hooks
 

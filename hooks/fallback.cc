@@ -62,11 +62,20 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::unique_lock<std::recursive_mutex> l(mu_);
   auto it = infos_.find(&schema);
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
-  const OpInfo& info = it->second;
-  if (info.kind == Kind::kPassthrough) return pass();
+  if (it->second.kind == Kind::kPassthrough) return pass();
+  // Note [Communication is never replayed]: on a communication backend's worker thread nothing
+  // is recorded.
+  OpInfo unrecorded;
+  const bool comm_thread = OnCommunicationThread();
+  if (comm_thread) {
+    unrecorded = it->second;
+    unrecorded.replayable = false;
+    if (unrecorded.kind == Kind::kRecord) unrecorded.kind = Kind::kOpaque;
+  }
+  const OpInfo& info = comm_thread ? unrecorded : it->second;
   // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
   // work: data loading, CPU scalars) is none of dtr's business.
   if (managed_ == ManagedDevice::kCuda && !TouchesCuda(stack->data() + base, nargs)) return pass();
@@ -85,6 +94,30 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                   "before capturing");
       if (r != nullptr) Check(rt_->Pin(e->sid), info.name.c_str());
     });
+    return pass();
+  }
+
+  if (info.kind == Kind::kCommunication) {
+    // Note [Communication is never replayed]: every tensor argument becomes a resident constant
+    // first; then the op runs without the engine lock.
+    {
+      Busy busy(this);
+      std::vector<StorageId> args;
+      std::string names;
+      ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
+        if (!Manageable(t)) return;
+        Entry* e = EntryOf(t, true);
+        args.push_back(e->sid);
+        absl::StrAppend(&names, " ", TName(e));
+      });
+      if (!args.empty() && cfg_.rule_enabled(1)) {
+        Runtime::MutateCall mc{info.name, args, args, false, 0};
+        mc.invalidate_readers = cfg_.rule_enabled(2);
+        Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), info.name.c_str());
+        TraceLine(absl::StrCat("mutate ", info.name, " 0", names, " ->", names));
+      }
+    }
+    l.unlock();
     return pass();
   }
 

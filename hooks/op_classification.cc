@@ -3,6 +3,8 @@
 
 #include <unordered_set>
 
+#include <pthread.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -45,7 +47,42 @@ bool IsRandomFamily(const std::string& name) {
   return families->count(name) > 0;
 }
 
+// Note [Communication is never replayed]
+// Collectives and point-to-point ops (c10d::allreduce_, broadcast_, _allgather_base_, send,
+// recv_, ...; the functional collectives of _c10d_functional, wait_tensor included) exchange
+// data with other processes: replaying one would communicate again, out of step with the other
+// ranks (a hang or wrong data). So:
+//  - every tensor argument of such an op goes through Runtime::Mutate as an unreplayable write
+//    before the op runs: it becomes a resident constant, never evicted. That also covers the
+//    time after the op returns, while an asynchronous Work still reads or writes the memory
+//    through raw pointers (a Work not yet waited on). Outputs a functional collective
+//    allocates have no record and become constants when first used.
+//  - the op itself runs without the engine lock: it may block on another thread of this
+//    process (wait_tensor waits for a gloo worker, which runs aten ops of its own), and the
+//    engine lock held across that wait would deadlock.
+//  - ops that communication backends run on their own worker threads (gloo flattens inputs
+//    with at::cat, reduce_scatter works on a clone, DDP's comm hook divides the bucket in a
+//    future callback) are never recorded: their results are read through raw pointers by the
+//    transport, so an evicted and replayed intermediate could be sent while freed. On those
+//    threads recordable ops run unrecorded (their inputs pinned while they run) and writes are
+//    unreplayable mutations.
+bool IsCommunication(const std::string& n) {
+  return StartsWith(n, "c10d::") || StartsWith(n, "_c10d_functional::") ||
+         StartsWith(n, "_c10d_functional_autograd::") || StartsWith(n, "c10d_functional::");
+}
+
 }  // namespace
+
+bool OnCommunicationThread() {
+  thread_local const bool comm = [] {
+    char name[32] = {0};
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0) return false;
+    for (const char* prefix : {"pt_gloo", "gloo", "pt_nccl", "pt_ucc", "pt_mpi"})
+      if (StartsWith(name, prefix)) return true;
+    return false;
+  }();
+  return comm;
+}
 
 at::Generator DefaultGenerator(c10::Device device) {
   if (!device.is_cuda()) return at::detail::getDefaultCPUGenerator();
@@ -99,7 +136,7 @@ OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty) {
   }
   if (!StartsWith(n, "aten::")) {
     if (!has_tensor_arg || StartsWith(n, "dtr::")) return info;  // passthrough (dtr:: control ops, ...)
-    info.kind = Kind::kMutate;
+    info.kind = IsCommunication(n) ? Kind::kCommunication : Kind::kMutate;
     info.write_all = true;
     info.replayable = false;
     return info;

@@ -20,6 +20,7 @@ enum class Kind {
   kMutate,       // writes tensor arguments (a non-aten op: all of them): goes through Runtime::Mutate
   kView,         // an output aliases an input: never recorded (rule 4)
   kOpaque,       // runs unrecorded; its outputs become constants
+  kCommunication,  // a collective or point-to-point op (Note [Communication is never replayed])
 };
 
 struct OpInfo {
@@ -35,6 +36,11 @@ struct OpInfo {
 // `record_empty` is the debug switch for design rule 4 (never record empty* outputs: their
 // contents are whatever the program writes next, possibly outside the dispatcher).
 OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty);
+
+// Whether the calling thread is a communication backend's worker (gloo's pt_gloo_runloop threads,
+// NCCL's watchdog): ops there are never recorded (Note [Communication is never replayed]).
+// Decided once per thread, from the name the backend gives the thread before its first op.
+bool OnCommunicationThread();
 
 // The default generator of `device`: the CUDA device's Philox generator, else the CPU one.
 at::Generator DefaultGenerator(c10::Device device);

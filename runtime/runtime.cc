@@ -866,6 +866,10 @@ void Runtime::OnUnreferenced(StorageId id) {
     MaybeCollect(id);
     return;
   }
+  if (!r.rematerializable()) {
+    ReleaseDeadConstant(id);
+    return;
+  }
   if (config_.dealloc == DeallocPolicy::kBanish) {
     if (HasEvictedDependent(id)) {
       r.banish_pending = true;
@@ -894,6 +898,44 @@ void Runtime::Detach(StorageId id) {
   if (!r.rematerializable()) return;
   ClearRecipe(id);
   ++stats_.detached;
+  // Frozen with nobody holding it: Note [Dead constants in accumulating recipes].
+  const StorageRecord* now = storages_.Find(id);
+  if (now != nullptr && now->external_refs == 0 && now->locks == 0 && now->pins == 0 && now->resident())
+    ReleaseDeadConstant(id);
+}
+
+constexpr uint64_t kDeadConstantRatio = 4;
+
+// Note [Dead constants in accumulating recipes]
+// A storage updated in place step after step keeps every in-place op in its recipe (Note
+// [Mutation]): an SGD momentum buffer's recipe is clone(g0), mul_, add_(g1), mul_, add_(g2), ...
+// Each step's gradient dies, but the buffer's recipe still reads it, and a dead storage that
+// cannot be recomputed (a constant, or one frozen by a later mutation) stays resident as long
+// as some recipe reads it. So memory grew by one set of gradients per step, forever. A dead
+// constant read by in-place recipe ops is therefore released: each storage accumulating through
+// such an op that is resident is frozen instead (it becomes a constant, as its contents are
+// right), which drops its recipe and with it the last readers of the dead constant. An evicted
+// accumulator keeps its recipe (bringing it back only to freeze it costs memory now), and
+// functional readers (activations) keep theirs: they die with their step. Dead constants much
+// smaller than the accumulator (under 1/kDeadConstantRatio of it) are kept: freezing a momentum
+// buffer for an 8-byte scalar made two training threads run out of their budget.
+void Runtime::ReleaseDeadConstant(StorageId id) {
+  const uint64_t size = rec(id).size;
+  std::vector<StorageId> accumulators;
+  for (OpId op_id : rec(id).readers) {
+    const OpRecord& op = ops_[op_id];
+    if (!op.in_place) continue;
+    for (StorageId o : op.outputs) {
+      const StorageRecord* out = storages_.Find(o);
+      // Freezing trades the accumulator's evictability for the dead bytes: worth it for a
+      // gradient, not for a Python scalar (buf.mul_(0.9) reads an 8-byte constant).
+      if (out != nullptr && out->resident() && size * kDeadConstantRatio >= out->size &&
+          !ContainsValue(accumulators, o))
+        accumulators.push_back(o);
+    }
+  }
+  for (StorageId o : accumulators) Detach(o);
+  MaybeCollect(id);
 }
 
 void Runtime::ClearRecipe(StorageId id) {

@@ -167,6 +167,8 @@ class Runtime {
 
   // Deallocation and record lifetime (Note [Record lifetime]).
   void OnUnreferenced(StorageId id);
+  // Note [Dead constants in accumulating recipes] (runtime.cc).
+  void ReleaseDeadConstant(StorageId id);
   absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
   void Banish(StorageId id);
   void Detach(StorageId id);

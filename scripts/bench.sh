@@ -21,3 +21,6 @@ echo "== sweep"
 start=$(date +%s)
 BENCH_INVOKED_BY="bash scripts/bench.sh${*:+ $*}" "$VENV_PY" bench/sweep.py --build "$build" "$@"
 echo "== bench.sh: sweep took $(( $(date +%s) - start )) s"
+
+echo "== 2-rank DDP overhead (gloo, CPU) -> bench/results/ddp.md"
+"$VENV_PY" bench/ddp_overhead.py --out bench/results/ddp.md

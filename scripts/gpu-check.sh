@@ -7,7 +7,9 @@
 #   4. the budget sweep on CUDA (scripts/gpu_budget_check.py: a conv net and a Transformer, plain
 #      vs dtr at 0.9/0.7/0.5 of the plain peak: time per step, max_memory_reserved <= budget,
 #      bit-identical losses and weights), for both DTR_CUDA_ALLOCATOR backends;
-#   5. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
+#   5. with 2 or more GPUs, a 2-process NCCL DDP job (tests/hooks/dist_train.py) plain and under
+#      dtr at 0.8 of each rank's peak: losses and weights must match (skipped, saying so, with one);
+#   6. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
 # Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5); GPU_CHECK_PYTEST=0
 # skips step 3.
 # Prepare at home, once:
@@ -34,20 +36,22 @@ if [ "${1:-}" = "--dry-run" ]; then
   "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else "a CUDA build of torch is needed")'
   cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
     -DDTR_BUILD_BENCH=OFF >/dev/null
-  ninja -C build-hooks dtr_torch cuda_allocator_test
+  ninja -C build-hooks dtr_torch cuda_allocator_test env_config_test
   result "built"
   step "2. CUDA adapter tests (fake backends)"
   ctest --test-dir build-hooks -L hooks --output-on-failure && result "passed"
   step "3-4. inputs of the GPU steps"
-  for f in scripts/gpu_budget_check.py tests/hooks tests/python ../shared/gpu/fetch-deps.sh; do
+  for f in scripts/gpu_budget_check.py tests/hooks tests/hooks/dist_train.py tests/python ../shared/gpu/fetch-deps.sh; do
     test -e "$f" || { echo "missing: $f"; exit 1; }
   done
-  "$VENV_PY" -m py_compile scripts/gpu_budget_check.py
+  "$VENV_PY" -m py_compile scripts/gpu_budget_check.py tests/hooks/dist_train.py
   "$VENV_PY" scripts/gpu_budget_check.py --help >/dev/null
+  "$VENV_PY" tests/hooks/dist_train.py --help >/dev/null
   result "present; gpu_budget_check.py compiles"
   echo "plan on the GPU machine: deps from .gpu-deps, pip install --no-build-isolation ., python -m dtr --info,"
   echo "  build-gpu/bin/cuda_allocator_test (+ compute-sanitizer memcheck), pytest tests/hooks tests/python,"
-  echo "  gpu_budget_check.py with DTR_CUDA_ALLOCATOR=native and =dtr, report in \$OUT/report.md"
+  echo "  gpu_budget_check.py with DTR_CUDA_ALLOCATOR=native and =dtr, NCCL DDP on 2 GPUs if present,"
+  echo "  report in \$OUT/report.md"
   cat "$report"
   exit 0
 fi
@@ -97,6 +101,25 @@ for backend in native dtr; do
     --out "$out/$backend" --steps 20 --warmup 5 && result "ran" || result "FAILED or timed out"
   cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
 done
+ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
+step "5. 2-process NCCL DDP (plain, then dtr at 0.8 of each rank's peak)"
+if [ "$ngpu" -ge 2 ]; then
+  for tag in plain dtr; do
+    mkdir -p "$out/ddp-$tag"
+    extra=(); [ $tag = dtr ] && extra=(--budget-fraction 0.8)
+    env $([ $tag = dtr ] && echo DTR_ENABLE=1) DIST_OUT="$out/ddp-$tag" timeout 120 "$py" -m torch.distributed.run \
+      --standalone --nproc-per-node=2 tests/hooks/dist_train.py ddp --device cuda "${extra[@]}"
+  done
+  "$py" - "$out" <<'PY' && result "bit-identical" || result "FAILED"
+import json, sys
+a, b = ([json.load(open(f"{sys.argv[1]}/ddp-{t}/rank{r}.json")) for r in (0, 1)] for t in ("plain", "dtr"))
+for x, y in zip(a, b):
+    assert x["losses"] == y["losses"] and x["params"] == y["params"], x["rank"]
+    print(f"rank {y['rank']}: evictions {y['dtr']['evictions']}, remats {y['dtr']['rematerializations']}")
+PY
+else
+  result "skipped: $ngpu GPU(s), the check needs 2"
+fi
 set -e
-step "5. report: $report"
+step "6. report: $report"
 cat "$report"

@@ -286,10 +286,29 @@ def foreign_memory():
     return {"a": dg(a), "b": dg(b), "c": dg(c), "a_on_numpy_memory": a.data_ptr() == arr.ctypes.data}
 
 
+def replaced_memory():
+    """Note [Memory replaced under a live storage]: FSDP frees an unsharded parameter's memory
+    with untyped_storage().resize_(0) after the forward and refills it later. What was computed
+    from the old bytes must never replay from the new ones (here: other values)."""
+    w = torch.empty(64, 64)
+    w.copy_(torch.randn(64, 64, generator=torch.Generator().manual_seed(3)))  # a constant, as FSDP's
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(4))
+    y = torch.tanh(x @ w)
+    z = y * 2
+    evict_all()
+    nbytes = w.untyped_storage().nbytes()
+    w.untyped_storage().resize_(0)
+    w.untyped_storage().resize_(nbytes)
+    w.copy_(torch.zeros(64, 64))
+    evict_all()
+    return {"y": dg(y), "z": dg(z), "w": dg(w)}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
-                 batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory)
+                 batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
+                 replaced_memory=replaced_memory)
 
 if __name__ == "__main__":
     import os

@@ -31,7 +31,7 @@ def plain(name):
 
 @pytest.mark.parametrize("name", ["rng", "views_inplace", "multi_output", "leaving", "threads", "set_budget",
                                   "raw_writes", "layout", "default_dtype", "batchnorm_stats",
-                                  "foreign_memory"])
+                                  "foreign_memory", "replaced_memory"])
 def test_scenario_bit_identical_with_evictions(name):
     res, r = scenario(name, True)
     assert res["out"] == plain(name)
@@ -152,13 +152,15 @@ def test_numpy_tolist_of_evicted_tensors():
 
 def test_two_training_threads_share_a_budget():
     """Two models train concurrently on Python threads under one budget; each thread's losses and
-    parameters equal the plain run's whatever the interleaving. The budget is 0.7 of the sum of
+    parameters equal the plain run's whatever the interleaving. The budget is 0.8 of the sum of
     the two models' solo peaks (train.py's, with set_to_none gradients); the threads zero their
-    gradients in place, which keeps them resident, and at 0.85 the budget did not bind on 2.14."""
+    gradients in place, which keeps them resident. (It was 0.7 while the solo peaks were inflated
+    by every step's gradients, kept alive by SGD's momentum buffers: Note [Dead constants in
+    accumulating recipes]; at 0.7 of the true peaks the runs no longer fit.)"""
     ref = plain("train_threads")
     solo = [json.loads(run([PY, TRAIN, m], preload=True).stdout.strip().splitlines()[-1])["dtr"]
             ["peak_allocated_bytes"] for m in ("mlp", "cnn")]
-    budget = int(sum(solo) * 0.7)
+    budget = int(sum(solo) * 0.8)
     evictions = remats = 0
     for _ in range(4):
         res, _ = scenario("train_threads", True, DTR_BUDGET=budget)

@@ -316,6 +316,42 @@ TEST_F(RuntimeTest, MutationAbandonsUnreferencedEvictedReadersInsteadOfReplaying
   Check();
 }
 
+// Note [Dead constants in accumulating recipes]: SGD with momentum, step after step. The
+// parameter update freezes the step's gradient (a dependent of the parameter); the momentum
+// buffer's recipe reads it through add_. Once the program drops the gradient, nothing may keep
+// it: memory must not grow by a gradient per step.
+TEST_F(RuntimeTest, DeadGradientsReadByAnAccumulatorAreReleasedEachStep) {
+  Make(kUnlimitedBudget);
+  constexpr uint64_t kParam = 1000, kAct = 10;
+  StorageId w = Const(kParam);
+  StorageId buf;
+  uint64_t memory_after_first_step = 0;
+  for (int step = 0; step < 6; ++step) {
+    StorageId x = Const(kAct);
+    StorageId act = Op1("linear", {x, w}, kAct);
+    StorageId grad = Op1("linear_backward", {act, x}, kParam);
+    ASSERT_TRUE(rt_->DropRef(act).ok());
+    if (step == 0) {
+      buf = Op1("clone", {grad}, kParam);
+    } else {
+      StorageId buf_only[] = {buf};
+      StorageId grad_in[] = {grad};
+      ASSERT_TRUE(rt_->Mutate({"mul_", {}, buf_only, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+      ASSERT_TRUE(rt_->Mutate({"add_", grad_in, buf_only, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    }
+    StorageId w_only[] = {w};
+    StorageId buf_in[] = {buf};
+    ASSERT_TRUE(rt_->Mutate({"add_", buf_in, w_only, false, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    ASSERT_TRUE(rt_->DropRef(grad).ok());
+    ASSERT_TRUE(rt_->DropRef(x).ok());
+    Check();
+    if (step == 1) memory_after_first_step = rt_->memory();
+    if (step > 1) EXPECT_EQ(rt_->memory(), memory_after_first_step) << "step " << step;
+    if (step >= 1) EXPECT_EQ(rt_->storage(grad), nullptr) << "step " << step;
+  }
+  EXPECT_TRUE(Resident(buf));
+}
+
 TEST_F(RuntimeTest, StoragesBroughtBackForADependentStayResident) {
   Make(kUnlimitedBudget);
   StorageId x = Const(1);

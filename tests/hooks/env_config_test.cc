@@ -1,0 +1,82 @@
+// DtrEnvConfig's file-name placeholders (Note [Per-process file names]): what {rank} and {pid}
+// expand to, and which patterns are start-up errors.
+#include "hooks/env_config.h"
+
+#include <map>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace dtr::hooks {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  std::function<const char*(const char*)> getenv() const {
+    return [this](const char* n) -> const char* {
+      auto it = vars.find(n);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+  absl::StatusOr<DtrEnvConfig> Parse() const {
+    return ParseEnvConfig(getenv(), [this](const std::function<void(const std::string&)>& f) {
+      for (const auto& [k, v] : vars) f(k);
+    });
+  }
+};
+
+TEST(ExpandFileName, RankAndPidAreSubstituted) {
+  FakeEnv env{{{"RANK", "3"}}};
+  auto p = ExpandFileName("DTR_STATS_FILE", "/tmp/s-{rank}-{pid}.json", env.getenv(), 4242);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, "/tmp/s-3-4242.json");
+}
+
+TEST(ExpandFileName, RankDefaultsToZeroOutsideALauncher) {
+  FakeEnv env;
+  auto p = ExpandFileName("DTR_STATS_FILE", "r{rank}.json", env.getenv(), 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, "r0.json");
+}
+
+TEST(ExpandFileName, PathsWithoutPlaceholdersAreKept) {
+  FakeEnv env{{{"RANK", "1"}}};
+  auto p = ExpandFileName("DTR_TRACE_FILE", "/a/b.trace", env.getenv(), 7);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, "/a/b.trace");
+}
+
+TEST(ExpandFileName, BadPatternsNameTheVariableAndThePlaceholders) {
+  FakeEnv env;
+  for (const char* bad : {"s-{rnak}.json", "s-{rank.json", "s-rank}.json", "s-{}.json"}) {
+    auto p = ExpandFileName("DTR_STATS_FILE", bad, env.getenv(), 1);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr("DTR_STATS_FILE")) << bad;
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr("{rank}, {pid}")) << bad;
+  }
+}
+
+TEST(ExpandFileName, NonNumericRankIsAnError) {
+  FakeEnv env{{{"RANK", "two"}}};
+  auto p = ExpandFileName("DTR_STATS_FILE", "s{rank}", env.getenv(), 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("RANK='two'"));
+}
+
+TEST(ParseEnvConfig, FileNamePlaceholdersAreCheckedAtStartUp) {
+  FakeEnv good{{{"DTR_STATS_FILE", "s-{rank}.json"}, {"DTR_TRACE_FILE", "t-{pid}"}, {"RANK", "0"}}};
+  auto c = good.Parse();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->stats_file, "s-{rank}.json");  // kept as a pattern: expanded when opened
+  EXPECT_EQ(c->trace_file, "t-{pid}");
+  FakeEnv bad{{{"DTR_TRACE_FILE", "t-{host}"}}};
+  auto b = bad.Parse();
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("unknown placeholder {host}"));
+}
+
+}  // namespace
+}  // namespace dtr::hooks

@@ -1,0 +1,133 @@
+"""dtr under torch.distributed (2 ranks, gloo, CPU): every rank under its own budget, DDP in each
+bucket mode, no_sync, unused parameters and static graph, FSDP (fully_shard), and collectives of
+every kind mixed into training. Losses and final weights must be bit-identical to the same job
+without dtr, with evictions and rematerializations on every rank; an infeasible budget on one
+rank must end the whole job with OutOfMemoryError in bounded time. The three ways to launch
+(DTR_* in torchrun's environment, python -m dtr -m torch.distributed.run, dtr-run -- torchrun)
+must all put both ranks under dtr, and DTR_STATS_FILE's {rank} must keep their files apart."""
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from conftest import HERE, PY, run
+
+SCRIPT = os.path.join(HERE, "dist_train.py")
+RANKS = 2
+MODES = ["ddp", "ddp_bucket_view", "ddp_no_sync", "ddp_unused", "ddp_static", "fsdp", "collectives"]
+# Each rank's budget after the warm-up steps, as a fraction of its own peak so far: low enough
+# that every rank evicts and rematerializes, above this model's floor (0.8 fails: replays lock
+# their inputs, issue 16).
+FRACTION = 0.85
+# The collectives job all-reduces an activation: its result comes from communication, a constant
+# dtr never evicts, so less of the peak is evictable. With unused parameters, steps differ and
+# the peak of the warm-up steps is not the largest step's: 0.85 of it failed once in three.
+MODE_FRACTION = {"collectives": 0.9, "ddp_unused": 0.9}
+
+
+def torchrun_args(*script_args):
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", "--max-restarts=0",
+            SCRIPT, *script_args]
+
+
+def launch(tmp_path, tag, cmd, timeout=300, **env):
+    out = tmp_path / tag
+    out.mkdir()
+    t0 = time.monotonic()
+    r = run(cmd, timeout=timeout, DIST_OUT=out, **env)
+    r.seconds = time.monotonic() - t0
+    r.ranks = []
+    if r.returncode == 0:
+        r.ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(RANKS)]
+    return r
+
+
+def assert_same_training(ref, got):
+    for a, b in zip(ref.ranks, got.ranks):
+        assert a["losses"] == b["losses"], (a["rank"], a["losses"], b["losses"])
+        assert a["params"] == b["params"], a["rank"]
+        assert a.get("extra") == b.get("extra"), a["rank"]
+
+
+def assert_under_pressure(r):
+    for rank in r.ranks:
+        s = rank["dtr"]
+        assert s["evictions"] > 0 and s["rematerializations"] > 0, (rank["rank"], s)
+        assert s["peak_reserved_bytes"] <= rank.get("budget", s["budget_bytes"]), (rank["rank"], s)
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory):
+    """The plain DDP job, and a fixed budget in bytes as users give it: FRACTION of the largest
+    rank peak of the same job under dtr with no budget."""
+    plain = launch(tmp_path_factory.mktemp("plain"), "ddp", [PY, *torchrun_args("ddp")])
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    peaks = launch(tmp_path_factory.mktemp("peaks"), "ddp", [PY, *torchrun_args("ddp")], DTR_ENABLE=1)
+    assert peaks.returncode == 0, peaks.stderr[-3000:]
+    for rank in peaks.ranks:
+        # Memory held between steps is flat, as without dtr. It grew by one set of gradients
+        # per step (SGD's momentum buffers kept every step's gradient) before Note [Dead
+        # constants in accumulating recipes].
+        held = rank["allocated_after_step"]
+        assert max(held[1:]) == held[1], (rank["rank"], held)
+    return plain, int(FRACTION * max(k["dtr"]["peak_allocated_bytes"] for k in peaks.ranks))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_is_bit_identical_under_a_budget_on_every_rank(tmp_path, mode):
+    ref = launch(tmp_path, "plain", [PY, *torchrun_args(mode)])
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    stats = tmp_path / "stats-{rank}.json"
+    fraction = MODE_FRACTION.get(mode, FRACTION)
+    got = launch(tmp_path, "dtr", [PY, *torchrun_args(mode, "--budget-fraction", str(fraction))],
+                 DTR_ENABLE=1, DTR_STATS_FILE=stats)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert_same_training(ref, got)
+    assert_under_pressure(got)
+    # {rank} kept the ranks' statistics apart, and each file is that rank's.
+    for rank in got.ranks:
+        written = json.loads((tmp_path / f"stats-{rank['rank']}.json").read_text())
+        assert written["rematerializations"] >= rank["dtr"]["rematerializations"]
+    print(f"{mode}: " + "; ".join(
+        f"rank {k['rank']}: budget {k['budget']} B = {fraction} x {k['peak_before_budget']} B, "
+        f"evictions {k['dtr']['evictions']}, remats {k['dtr']['rematerializations']}" for k in got.ranks))
+
+
+@pytest.mark.parametrize("launcher", ["env", "python -m dtr", "dtr-run"])
+def test_every_launcher_puts_every_rank_under_its_budget(tmp_path, ddp_reference, launcher):
+    plain, budget = ddp_reference
+    dtr_run = shutil.which("dtr-run", path=os.path.dirname(PY))
+    cmd = {
+        "env": [PY, *torchrun_args("ddp")],
+        "python -m dtr": [PY, "-m", "dtr", "--budget", str(budget), *torchrun_args("ddp")],
+        "dtr-run": [dtr_run, "--budget", str(budget), "--", PY, *torchrun_args("ddp")],
+    }[launcher]
+    env = {"DTR_BUDGET": budget} if launcher == "env" else {}
+    got = launch(tmp_path, "dtr", cmd, **env)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert_same_training(plain, got)
+    for rank in got.ranks:
+        assert rank["dtr"]["budget_bytes"] == budget, rank["dtr"]
+    assert_under_pressure(got)
+
+
+def test_an_infeasible_budget_on_one_rank_ends_the_job(tmp_path):
+    got = launch(tmp_path, "dtr", [PY, *torchrun_args("ddp", "--infeasible-rank", "1")], timeout=240,
+                 DTR_ENABLE=1)
+    assert got.returncode != 0
+    assert "[rank1]: torch.OutOfMemoryError: dtr:" in got.stderr, got.stderr[-3000:]
+    assert "out of memory under DTR_BUDGET" in got.stderr, got.stderr[-3000:]
+    assert "[rank0]: torch.OutOfMemoryError" not in got.stderr, got.stderr[-3000:]
+    # torchrun tore the job down: rank 0 did not wait for its peer forever (gloo's own timeout
+    # is 30 minutes).
+    assert got.seconds < 120, got.seconds
+    print(f"infeasible budget on rank 1: job ended in {got.seconds:.1f} s")
+
+
+def test_bad_stats_file_placeholder_stops_every_rank_at_startup(tmp_path):
+    got = launch(tmp_path, "dtr", [PY, *torchrun_args("ddp")], timeout=120,
+                 DTR_STATS_FILE=tmp_path / "stats-{rnak}.json")
+    assert got.returncode != 0
+    assert "unknown placeholder {rnak}" in got.stderr, got.stderr[-3000:]
