@@ -78,7 +78,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const OpInfo& info = comm_thread ? unrecorded : it->second;
   // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
   // work: data loading, CPU scalars) is none of dtr's business.
-  if (managed_ == ManagedDevice::kCuda && !TouchesCuda(stack->data() + base, nargs)) return pass();
+  // Not under the engine lock: a CPU collective (wait_tensor on a gloo mesh) may block on a
+  // worker thread that needs it (Note [Communication is never replayed]).
+  if (managed_ == ManagedDevice::kCuda && !TouchesCuda(stack->data() + base, nargs)) {
+    l.unlock();
+    return pass();
+  }
   if (CaptureUnderway()) {
     // Note [No replay during graph capture]: run the op as is. The graph keeps the addresses of
     // what it reads, so those storages are pinned for good; an evicted one cannot be brought

@@ -867,6 +867,7 @@ void Runtime::OnUnreferenced(StorageId id) {
     return;
   }
   if (!r.rematerializable()) {
+    r.banish_pending = false;  // a frozen storage waiting to be banished is released here
     ReleaseDeadConstant(id);
     return;
   }
@@ -929,7 +930,9 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
       const StorageRecord* out = storages_.Find(o);
       // Freezing trades the accumulator's evictability for the dead bytes: worth it for a
       // gradient, not for a Python scalar (buf.mul_(0.9) reads an 8-byte constant).
-      if (out != nullptr && out->resident() && size * kDeadConstantRatio >= out->size &&
+      // Never one being rebuilt or used right now (a replay frame holds it).
+      if (out != nullptr && out->resident() && out->locks == 0 && !out->rebuilding &&
+          size * kDeadConstantRatio >= out->size &&
           !ContainsValue(accumulators, o))
         accumulators.push_back(o);
     }
