@@ -51,7 +51,11 @@ def test_python_m_dtr_script(reference, tmp_path):
     stats = tmp_path / "stats.json"
     res = result(sh([PY, "-m", "dtr", "--budget", str(budget), "--stats-file", str(stats), TRAIN, MODEL]))
     assert_same_training_with_evictions(res, plain, budget)
-    assert json.loads(stats.read_text())["evictions"] == res["dtr"]["evictions"]
+    # Written at exit, after the script's last print: tensors dying at teardown may still be
+    # evicted (eagerly, while records need them), never un-evicted.
+    written = json.loads(stats.read_text())
+    assert written["budget_bytes"] == budget
+    assert written["evictions"] >= res["dtr"]["evictions"] > 0
 
 
 def test_python_m_dtr_module(reference):
