@@ -192,6 +192,11 @@ class Engine final : public ReplayBackend,
     if (!cuda) ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) { cuda = cuda || t.is_cuda(); });
     return cuda;
   }
+  // A write the runtime must see but can never replay (batch norm's running statistics, the
+  // tensors of a collective): `written` become resident constants and their readers are
+  // detached (Note [Mutation]); traced as a zero-cost mutate `name`. `op` names the failing op.
+  void WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,
+                         bool invalidate_readers);
   // Note [Streams of evictable memory] (cuda_allocator.cc): the op about to run uses `s`.
   void NoteCudaUse(Slot* s);
   // Whether a CUDA stream capture is under way on the current stream: nothing may be evicted,

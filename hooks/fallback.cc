@@ -107,20 +107,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // first; then the op runs without the engine lock.
     {
       Busy busy(this);
-      std::vector<StorageId> args;
-      std::string names;
+      std::vector<Entry*> args;
       ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-        if (!Manageable(t)) return;
-        Entry* e = EntryOf(t, true);
-        args.push_back(e->sid);
-        absl::StrAppend(&names, " ", TName(e));
+        if (Manageable(t)) args.push_back(EntryOf(t, true));
       });
-      if (!args.empty() && cfg_.rule_enabled(1)) {
-        Runtime::MutateCall mc{info.name, args, args, false, 0};
-        mc.invalidate_readers = cfg_.rule_enabled(2);
-        Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), info.name.c_str());
-        TraceLine(absl::StrCat("mutate ", info.name, " 0", names, " ->", names));
-      }
+      if (!args.empty() && cfg_.rule_enabled(1))
+        WriteUnreplayably(info.name, args, info.name.c_str(), cfg_.rule_enabled(2));
     }
     l.unlock();
     return pass();
@@ -168,12 +160,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const bool bn_training = (info.name == "aten::native_batch_norm" || info.name == "aten::cudnn_batch_norm" ||
                             info.name == "aten::miopen_batch_norm") &&
                            (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
-  std::vector<StorageId> running_stats;
   std::vector<Entry*> running_stat_entries;
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
     if (bn_training && (p.index == 3 || p.index == 4)) {
       Entry* e = EntryOf(t, true);
-      running_stats.push_back(e->sid);
       running_stat_entries.push_back(e);
       return;
     }
@@ -196,13 +186,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return s;
   };
 
-  if (!running_stats.empty() && cfg_.rule_enabled(1)) {
-    Runtime::MutateCall mc{"aten::native_batch_norm(running stats)", {}, running_stats, false, 0};
-    Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), info.name.c_str());
-    std::string stats;
-    for (Entry* e : running_stat_entries) absl::StrAppend(&stats, " ", TName(e));
-    TraceLine(absl::StrCat("mutate aten::native_batch_norm(running_stats) 0", stats, " ->", stats));
-  }
+  if (!running_stat_entries.empty() && cfg_.rule_enabled(1))
+    WriteUnreplayably("aten::native_batch_norm(running_stats)", running_stat_entries, info.name.c_str(), true);
 
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
@@ -439,6 +424,20 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     absl::StrAppend(&trace_outs, " ", TName(e), ":", outs[i].nbytes);
   }
   TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
+}
+
+void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,
+                               bool invalidate_readers) {
+  std::vector<StorageId> ids;
+  std::string names;
+  for (Entry* e : written) {
+    ids.push_back(e->sid);
+    absl::StrAppend(&names, " ", TName(e));
+  }
+  Runtime::MutateCall mc{name, {}, ids, false, 0};
+  mc.invalidate_readers = invalidate_readers;
+  Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), op);
+  TraceLine(absl::StrCat("mutate ", name, " 0", names, " ->", names));
 }
 
 namespace {
