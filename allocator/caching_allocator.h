@@ -44,6 +44,11 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
+  // fork(): the parent takes the allocator's lock before forking and releases it after, in both
+  // processes, so the child never inherits it held by a thread it does not have.
+  void LockForFork() { mu_.lock(); }
+  void UnlockAfterFork() { mu_.unlock(); }
+
   // Allocates at least `bytes` (0 is served as one minimal block) for use on `stream`.
   // ResourceExhausted when the retry ladder fails; the message states the request, budget,
   // reserved, allocated, largest free block and pinned bytes.

@@ -11,6 +11,7 @@
 // torch.ops.dtr.*, installs the CPU allocator, includes DispatchKey::Fake in this thread's
 // dispatch TLS, and writes DTR_STATS_FILE at exit. Only these C functions are exported.
 #include <dirent.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -130,6 +131,10 @@ int ActivateOnce(bool exit_on_bad_config) {
     auto cfg = ParseProcessEnv();
     if (!cfg.ok()) return bad_config(cfg.status());
     if (!cfg->enable) return;
+    for (auto [var, file] : {std::pair<const char*, const std::string*>{"DTR_STATS_FILE", &cfg->stats_file},
+                             std::pair<const char*, const std::string*>{"DTR_TRACE_FILE", &cfg->trace_file}})
+      if (!file->empty())
+        if (absl::Status st = CheckOutputFile(var, *file); !st.ok()) return bad_config(st);
     absl::StatusOr<ManagedDevice> managed = ResolveDevice(*cfg);
     if (!managed.ok()) return bad_config(managed.status());
     auto* e = new Engine(*cfg, *managed);
@@ -157,6 +162,9 @@ int ActivateOnce(bool exit_on_bad_config) {
       result = 1;
       return;
     }
+    // Note [fork] (engine.cc).
+    pthread_atfork([] { if (g_engine) g_engine->PrepareFork(); }, [] { if (g_engine) g_engine->ParentAfterFork(); },
+                   [] { if (g_engine) g_engine->ChildAfterFork(); });
     g_active.store(true, std::memory_order_release);
     c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
     std::atexit(&AtExit);
@@ -236,6 +244,15 @@ __attribute__((visibility("default"))) int dtr_set_budget(int64_t bytes) {
 // dtr.disable() (1) / dtr.enable() after it (0). See Engine::SetPaused.
 __attribute__((visibility("default"))) void dtr_set_paused(int paused) {
   if (dtr::hooks::g_engine) dtr::hooks::g_engine->SetPaused(paused != 0);
+}
+
+// Note [fork] (engine.cc): Python's os.register_at_fork hooks, called through ctypes (which
+// releases the GIL while they run).
+__attribute__((visibility("default"))) void dtr_fork_hold(void) {
+  if (dtr::hooks::g_engine) dtr::hooks::g_engine->HoldForFork();
+}
+__attribute__((visibility("default"))) void dtr_fork_release(void) {
+  if (dtr::hooks::g_engine) dtr::hooks::g_engine->ReleaseForkHold();
 }
 
 // The value of DispatchKey::Fake in this torch, for the Python side (torch._C.DispatchKey(value)):

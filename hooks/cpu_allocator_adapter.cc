@@ -22,7 +22,7 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
                             g_engine->Breakdown(), ").");
     else if (g_engine)
       pinned = absl::StrCat(" dtr could not evict enough: ", FormatBytes(g_engine->PinnedBytes()),
-                            " are pinned/constant/in use by the running op (", g_engine->Breakdown(), ").");
+                            " are pinned/constant/in use by the running op (", g_engine->BreakdownFor(n), ").");
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: out of memory under DTR_BUDGET: cannot allocate ",
                      FormatBytes(n), ".", pinned, " Allocator report: ", std::string(p.status().message()));
   }

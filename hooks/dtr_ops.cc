@@ -28,6 +28,9 @@ void OpPin(const at::Tensor& t) {
 void OpUnpin(const at::Tensor& t) {
   if (g_engine) g_engine->PinTensor(t, false);
 }
+void OpExpose(const at::Tensor& t, bool writable) {
+  if (g_engine) g_engine->ExposeTensor(t, writable);
+}
 
 torch::Library* g_def_lib = nullptr;
 
@@ -42,6 +45,7 @@ void RegisterDtrOps() {
   g_def_lib->def("set_budget(int bytes) -> ()", &OpSetBudget);
   g_def_lib->def("budget() -> int", &OpBudget);
   g_def_lib->def("unpin(Tensor self) -> ()", &OpUnpin);
+  g_def_lib->def("expose(Tensor self, bool writable) -> ()", &OpExpose);
 }
 
 }  // namespace dtr::hooks

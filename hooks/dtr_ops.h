@@ -1,4 +1,4 @@
-// The custom ops torch.ops.dtr.* (stats, set_budget, budget, reset_peak, is_active, pin, unpin):
+// The custom ops torch.ops.dtr.* (stats, set_budget, budget, reset_peak, is_active, pin, unpin, expose):
 // dtr's control surface from Python and C++, over g_engine.
 #ifndef DTR_HOOKS_DTR_OPS_H_
 #define DTR_HOOKS_DTR_OPS_H_

@@ -3,13 +3,17 @@
 #include "hooks/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <new>
 #include <cstdio>
 #include <exception>
 #include <iterator>
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/MapAllocator.h>
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #if DTR_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,6 +33,7 @@ absl::Status Engine::Init() {
   rc.heuristic = cfg_.heuristic;
   rc.dealloc = cfg_.dealloc;
   rc.search = cfg_.search;
+  rc.max_replay_depth = cfg_.max_replay_depth;
   auto rt = Runtime::Create(rc, this);
   if (!rt.ok()) return rt.status();
   rt_ = std::move(*rt);
@@ -50,42 +55,55 @@ absl::Status Engine::Init() {
   return absl::OkStatus();
 }
 
-std::string Engine::Breakdown() {
-  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
-  if (!l.owns_lock()) return "breakdown unavailable";
-  uint64_t constants = 0, pinned = 0, locked = 0, evictable = 0, evicted = 0, n_const = 0;
+Engine::MemoryByReason Engine::ByReason() {
+  MemoryByReason m;
   for (auto& [k, e] : entries_) {
     const StorageRecord* r = rt_->storage(e->sid);
     if (r == nullptr) continue;
     if (!r->resident()) {
-      evicted += r->size;
+      m.evicted += r->size;
       continue;
     }
-    if (!e->ours) continue;
-    if (!r->rematerializable()) {
-      constants += r->size;
-      ++n_const;
-    } else if (r->pins > 0) {
-      pinned += r->size;
-    } else if (r->locks > 0) {
-      locked += r->size;
-    } else {
-      evictable += r->size;
-    }
+    if (e->external) m.external += r->size;  // not dtr's memory: outside the budget
+    else if (!e->ours) continue;
+    else if (e->exposed || e->kept_resident) m.exposed += r->size;
+    else if (r->pins > 0) m.pinned += r->size;
+    else if (r->locks > 0) m.locked += r->size;
+    else if (!r->rematerializable()) m.constant += r->size, ++m.constants;
+    else m.evictable += r->size;
   }
-  uint64_t alloc = uint64_t(Counters().allocated);
-  uint64_t tracked = constants + pinned + locked + evictable;
-  return absl::StrCat("allocated ", FormatBytes(alloc), ": constants ", FormatBytes(constants), " in ", n_const,
-                      " storages (parameters, gradients, optimizer state, inputs, outputs of unreplayable "
-                      "ops), pinned ", FormatBytes(pinned), ", locked by the running op ", FormatBytes(locked),
-                      ", evictable ", FormatBytes(evictable), ", untracked ",
-                      FormatBytes(alloc > tracked ? alloc - tracked : 0),
-                      " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(evicted));
+  const uint64_t alloc = uint64_t(Counters().allocated);
+  const uint64_t tracked = m.exposed + m.pinned + m.locked + m.constant + m.evictable;
+  m.untracked = alloc > tracked ? alloc - tracked : 0;
+  return m;
+}
+
+std::string Engine::BreakdownFor(uint64_t request) {
+  std::unique_lock<std::recursive_timed_mutex> l(mu_, std::try_to_lock);
+  if (!l.owns_lock()) return "breakdown unavailable";
+  const MemoryByReason m = ByReason();
+  std::string out = absl::StrCat(
+      "allocated ", FormatBytes(uint64_t(Counters().allocated)), ": constants ", FormatBytes(m.constant), " in ",
+      m.constants, " storages (parameters, gradients, optimizer state, inputs, outputs of unreplayable ops), "
+      "exposed ", FormatBytes(m.exposed), " (memory handed to numpy, DLPack, data_ptr or serialization), pinned ",
+      FormatBytes(m.pinned), ", locked by the running op ", FormatBytes(m.locked), ", evictable ",
+      FormatBytes(m.evictable), ", untracked ", FormatBytes(m.untracked),
+      " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(m.evicted));
+  if (request > 0) {
+    // What must stay resident now plus this request; the largest op seen so far bounds what a
+    // later op may need at once.
+    const uint64_t floor = m.constant + m.exposed + m.pinned + m.locked + m.untracked + request;
+    absl::StrAppend(&out, ". The smallest budget that could work from here is about ",
+                    FormatBytes(std::max<uint64_t>(floor, rt_->stats().largest_op_bytes)),
+                    " (what cannot be evicted plus this request; the largest single op so far read and wrote ",
+                    FormatBytes(rt_->stats().largest_op_bytes), ")");
+  }
+  return out;
 }
 
 void Engine::PinTensor(const at::Tensor& t, bool pin) {
   if (!t.defined() || !Manageable(t)) return;
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   Entry* e = EntryOf(t, pin);
   if (e == nullptr) return;
@@ -93,7 +111,7 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
 }
 
 void Engine::SetBudget(int64_t bytes) {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
@@ -133,7 +151,7 @@ void Engine::SetBudget(int64_t bytes) {
 }
 
 void Engine::SetPaused(bool paused) {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   if (paused) {
     for (const auto& [packed, e] : entries_) {
@@ -144,8 +162,59 @@ void Engine::SetPaused(bool paused) {
   paused_.store(paused, std::memory_order_release);
 }
 
+// Note [fork]
+// fork() copies only the calling thread. A lock another thread held at that moment stays held
+// forever in the child, whose first op or allocation would then hang (DataLoader workers,
+// multiprocessing with the fork start method). So the parent takes the engine's locks and the
+// allocator's before forking (PrepareFork) and both processes release them after: the child
+// starts with a consistent runtime and keeps rematerializing what it inherited. The engine lock
+// is only tried, for a second: its holder may be waiting for the GIL, which the forking thread
+// holds: an op that drops the last reference to a tensor with a Python object waits for the GIL
+// under mu_. So a fork from Python first takes mu_ in an os.register_at_fork hook called through
+// ctypes, with the GIL released, letting such a holder finish (HoldForFork; released after the
+// fork in the parent, and gone with the fresh mu_ in the child). If the engine lock still cannot
+// be had, the child cannot trust the runtime's state: it runs with dtr paused (ops pass through;
+// reading a tensor evicted in the parent fails loudly), and says so.
+void Engine::HoldForFork() {
+  mu_.lock();
+  ++fork_holds_;
+}
+
+void Engine::ReleaseForkHold() {
+  if (fork_holds_ == 0) return;  // the child: its mu_ is a fresh one
+  --fork_holds_;
+  mu_.unlock();
+}
+
+void Engine::PrepareFork() {
+  fork_locked_ = mu_.try_lock_for(std::chrono::seconds(1));
+  // Their holders never wait for anything while holding them: always taken.
+  deferred_mu_.lock();
+  alloc_->LockForFork();
+}
+
+void Engine::ParentAfterFork() {
+  alloc_->UnlockAfterFork();
+  deferred_mu_.unlock();
+  if (fork_locked_) mu_.unlock();
+}
+
+void Engine::ChildAfterFork() {
+  // The child's thread has a new thread id, so it cannot unlock the recursive mu_ (glibc checks
+  // the owner): it gets a fresh one, unlocked. The plain mutexes unlock normally.
+  new (&mu_) std::recursive_timed_mutex();
+  fork_holds_ = 0;
+  alloc_->UnlockAfterFork();
+  deferred_mu_.unlock();
+  if (fork_locked_) return;
+  paused_.store(true, std::memory_order_release);
+  std::fprintf(stderr,
+               "dtr: fork() while another thread was inside dtr: this child process runs with dtr paused "
+               "(tensors evicted in the parent cannot be read here)\n");
+}
+
 int64_t Engine::Budget() {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
 #if DTR_WITH_CUDA
   if (cfg_.budget_fraction > 0 && cuda_ != nullptr) return int64_t(cuda_->BudgetOn(c10::cuda::current_device()));
 #endif
@@ -173,6 +242,57 @@ Entry* Engine::NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes) {
   return e;
 }
 
+// Note [Memory read outside the dispatcher]
+// A replay must read exactly the bytes the recorded op read. That holds for memory only ops
+// write; it fails for memory whose contents can change without an op:
+// - external memory: a numpy array (torch.from_numpy), DLPack imports, from_blob, shared memory
+//   (share_memory_, tensors from multiprocessing queues), a shared file mapping. Its owner writes
+//   it whenever it likes;
+// - dtr's own memory once a writable view of it left the dispatcher: t.numpy(), np.asarray(t),
+//   __dlpack__/to_dlpack, __cuda_array_interface__ (the Python hooks in dtr/_exposure.py call
+//   torch.ops.dtr.expose). The view may be written at any time, and it must stay valid, so the
+//   storage is resident for good from then on.
+// Such a storage is `changeable` (Entry): it is a resident constant, readers recorded before
+// the exposure are detached (as for an unreplayable write), and an op that reads it is never
+// recorded: its outputs are constants. So no recipe reads it, and nothing keeps it (a batch's
+// numpy array) alive for replays. Memory torch's own allocators handed out before dtr took over
+// (parameters built before dtr.enable, a private file mapping from torch.load(mmap=True)) is only
+// written by ops, like dtr's, and stays a replay source.
+// A raw pointer (data_ptr()) or a serialization (torch.save, pickle) handed out only needs the
+// bytes resident and valid: `kept_resident` holds one runtime pin for the storage's life.
+static c10::DeleterFnPtr DefaultCpuDeleter() {
+  static const c10::DeleterFnPtr deleter = [] {
+    c10::DataPtr probe = c10::GetDefaultCPUAllocator()->allocate(1);
+    return probe.get_deleter();
+  }();
+  return deleter;
+}
+
+bool Engine::TorchOwnsMemory(const c10::DataPtr& dp) {
+  if (dp.get_deleter() == DefaultCpuDeleter()) return true;
+  if (at::RefcountedMapAllocator::fromDataPtr(dp) != nullptr) return false;  // shared between processes
+  if (const at::MapAllocator* m = at::MapAllocator::fromDataPtr(dp))
+    return (m->flags() & (at::ALLOCATOR_MAPPED_SHARED | at::ALLOCATOR_MAPPED_SHAREDMEM)) == 0;
+  return false;
+}
+
+void Engine::ExposeTensor(const at::Tensor& t, bool writable) {
+  if (!t.defined() || !Manageable(t)) return;
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
+  if (paused()) return;
+  Busy b(this);
+  Entry* e = EntryOf(t, true);
+  if (writable && !e->changeable()) {
+    // Readers recorded so far would replay from bytes the view may change: detach them.
+    WriteUnreplayably("dtr::expose", {e}, "a writable view (numpy, DLPack) of a tensor", cfg_.rule_enabled(2));
+    e->exposed = true;
+  }
+  if (!e->kept_resident && !e->external) {
+    Check(rt_->Pin(e->sid), "keeping a tensor resident whose memory is read outside PyTorch");
+    e->kept_resident = true;
+  }
+}
+
 // The entry of t's storage; with `create`, registers an unknown storage as a constant.
 Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
@@ -192,13 +312,21 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     return e;
   }
   auto it = foreign_.find(impl);
-  if (it != foreign_.end()) return it->second;
+  if (it != foreign_.end()) {
+    if (it->second->foreign || it->second->weak.lock().get() == impl) return it->second;
+    ForgetForeign(it->second, true);  // an external storage that died: this is a new one at its address
+  }
   if (!create) return nullptr;
   size_t nbytes = impl->nbytes();
   auto sid = rt_->AddConstant(nbytes);
   Check(sid.status(), "AddConstant");
   Entry* e = NewEntry(*sid, impl, nbytes);
-  e->foreign = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
+  e->external = !TorchOwnsMemory(dp);
+  // Torch-owned memory may be a replay source, so the entry keeps it alive. External memory never
+  // is (Note [Memory read outside the dispatcher]): the entry only watches it, and the numpy
+  // array behind it goes when the program drops it.
+  if (!e->external) e->foreign = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
+  e->foreign_key = impl;
   foreign_[impl] = e;
   TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
   return e;
@@ -213,7 +341,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
 // mu_ processes it when its call ends (DrainDeaths), exactly as if the deleter had run then:
 // the bytes stay allocated until then, and an eviction chosen meanwhile releases nothing.
 SlotFate Engine::OnSlotDeleted(Slot* s) {
-  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+  std::unique_lock<std::recursive_timed_mutex> l(mu_, std::try_to_lock);
   if (!l.owns_lock()) {
     std::lock_guard<std::mutex> g(deferred_mu_);
     deferred_slots_.push_back(s);
@@ -290,6 +418,11 @@ void Engine::DrainDeaths() {
     Busy b(this);
     for (Entry* e : d) {
       TraceLine(absl::StrCat("release ", TName(e)));
+      if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
+        // Note [Memory read outside the dispatcher]: the pin lasts as long as the storage.
+        (void)rt_->Unpin(e->sid);
+        e->kept_resident = false;
+      }
       if (rt_->storage(e->sid) != nullptr) {
         absl::Status s = rt_->DropRef(e->sid);
         if (!s.ok() && cfg_.verbose)
@@ -311,19 +444,25 @@ void Engine::Sweep() {
     Entry* e = entries_[k];
     entries_.erase(k);
     if (e->slot) e->slot->entry = nullptr;
-    if (e->foreign) foreign_.erase(e->foreign.get());
+    ForgetForeign(e, false);
     e->owned.reset();
     e->foreign.reset();
     delete e;
   }
+  std::vector<Entry*> gone_external;
   for (auto it = foreign_.begin(); it != foreign_.end(); ++it) {
     Entry* e = it->second;
-    // Only our references remain (the entry's strong one, plus the weak one).
-    if (!e->dead && e->foreign.use_count() == 1) {
-      e->dead = true;
-      deaths_.push_back(e);
+    // Only our references remain (the entry's strong one, plus the weak one), or, for external
+    // memory, none.
+    if (e->foreign ? e->foreign.use_count() == 1 : e->weak.expired()) {
+      if (!e->foreign) gone_external.push_back(e);
+      if (!e->dead) {
+        e->dead = true;
+        deaths_.push_back(e);
+      }
     }
   }
+  for (Entry* e : gone_external) ForgetForeign(e, true);
 }
 
 void Engine::Release(StorageId id, const StorageRecord& storage, bool permanently) {
@@ -342,10 +481,21 @@ void Engine::Release(StorageId id, const StorageRecord& storage, bool permanentl
     entries_.erase(id.packed());
     if (e->slot) e->slot->entry = nullptr;
     if (e->owned && IsOurs(e->owned->data_ptr())) SlotOf(e->owned->data_ptr())->entry = nullptr;
-    if (e->foreign) foreign_.erase(e->foreign.get());
+    ForgetForeign(e, false);
     e->owned.reset();
     e->foreign.reset();
     delete e;
+  }
+}
+
+void Engine::ForgetForeign(Entry* e, bool report_death) {
+  if (e->foreign_key == nullptr) return;
+  auto it = foreign_.find(e->foreign_key);
+  if (it != foreign_.end() && it->second == e) foreign_.erase(it);
+  e->foreign_key = nullptr;
+  if (report_death && !e->dead) {
+    e->dead = true;
+    deaths_.push_back(e);
   }
 }
 
@@ -366,6 +516,8 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   c10::impl::ExcludeDispatchKeyGuard g(c10::autograd_dispatch_keyset_with_ADInplaceOrView | c10::autocast_dispatch_keyset |
                                        c10::DispatchKeySet({c10::DispatchKey::Fake, c10::DispatchKey::Python,
                                                             c10::DispatchKey::PythonTLSSnapshot}));
+  // Note [Python numbers are kept by value]: made here, below dtr's key, so never recorded.
+  for (const ScalarArg& sa : rr.scalars) PutAt(args, sa.path, sa.Make(), sa.is_optional_list);
   if (CaptureUnderway())
     return absl::FailedPreconditionError(absl::StrCat(
         "dtr: ", oprec.name, " must be rematerialized during CUDA graph capture, which dtr never does (Note [No replay "
@@ -465,7 +617,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
 alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,
                                          const alloc::EvictionRequest& request) {
   alloc::EvictionResult res;
-  std::unique_lock<std::recursive_mutex> l = LockForEviction();
+  std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
   if (!l.owns_lock() || paused() || CaptureUnderway()) return res;
   Busy b(this);
   SearchClock search_clock(this);
@@ -528,7 +680,7 @@ struct Engine::DeviceHandler final : alloc::EvictionHandler {
 };
 
 void Engine::AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSource> events) {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
   cuda_ = cuda;
   cost_events_ = std::move(events);
   if (cost_events_) deferred_costs_ = std::make_unique<DeferredCosts>(cost_events_.get());
@@ -546,7 +698,7 @@ alloc::EvictionHandler* Engine::HandlerFor(c10::DeviceIndex device, alloc::Cachi
 // The native backend's eviction (Note [Two CUDA backends], cuda_allocator.cc): the native
 // allocator cannot tell which frees would coalesce, so victims go in the runtime's score order.
 size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) {
-  std::unique_lock<std::recursive_mutex> l = LockForEviction();
+  std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
   if (!l.owns_lock() || paused() || CaptureUnderway()) return 0;
   Busy b(this);
   SearchClock search_clock(this);
@@ -580,7 +732,7 @@ void Engine::NoteCudaUse(Slot* s) { cuda_->NoteUse(s, cuda_->CurrentStream()); }
 
 size_t Engine::UnevictableBytes(c10::DeviceIndex device) {
   // Host and device storages share the runtime's count; with one managed device that is exact.
-  std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+  std::unique_lock<std::recursive_timed_mutex> l(mu_, std::try_to_lock);
   return l.owns_lock() ? rt_->UnevictableBytes() : 0;
 }
 
@@ -628,9 +780,10 @@ Engine::MemoryCounters Engine::Counters() {
 }
 
 std::string Engine::StatsJson() {
-  std::lock_guard<std::recursive_mutex> l(mu_);
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
   const MemoryCounters as = Counters();
   const RuntimeStats& rs = rt_->stats();
+  const MemoryByReason by = ByReason();
   return absl::StrCat(
       "{\"budget_bytes\":", cfg_.budget_fraction > 0 ? int64_t(-2) : cfg_.unlimited() ? int64_t(-1) : int64_t(cfg_.budget_bytes),
       ",\"budget_fraction\":", cfg_.budget_fraction,
@@ -643,6 +796,9 @@ std::string Engine::StatsJson() {
       ",\"ops_recorded\":", rs.ops_recorded, ",\"constants\":", rs.constants, ",\"detached\":", rs.detached,
       ",\"op_seconds\":", exec_ns_ * 1e-9, ",\"search_seconds\":", search_ns_ * 1e-9,
       ",\"bookkeeping_seconds\":", std::max(0.0, hook_ns_ - exec_ns_ - hook_search_ns_ - hook_remat_ns_) * 1e-9,
+      ",\"unevictable_bytes\":{\"constant\":", by.constant, ",\"exposed\":", by.exposed, ",\"external\":",
+      by.external, ",\"pinned\":", by.pinned, ",\"locked\":", by.locked, ",\"untracked\":", by.untracked, "}",
+      ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
       ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms,
       ",\"runtime\":", rs.ToJson(), "}");
 }
@@ -654,7 +810,7 @@ void Engine::WriteStatsFile() {
     // A process that never held a tensor has nothing to report, and must not overwrite the file
     // of one that did: torchrun's agent inherits DTR_STATS_FILE=stats-{rank}.json without a RANK,
     // and exits after its ranks.
-    std::lock_guard<std::recursive_mutex> l(mu_);
+    std::lock_guard<std::recursive_timed_mutex> l(mu_);
     if (Counters().peak_allocated == 0 && rt_->stats().ops_recorded == 0 && rt_->stats().constants == 0) return;
   }
   // Note [Per-process file names]: {pid} is this process's, also in a forked child.

@@ -1,7 +1,7 @@
 // Engine: dtr's state in one process (g_engine), never destroyed (tensors may be freed during
 // static destruction). Owns the dtr::Runtime (budget unlimited: the allocator enforces
 // DTR_BUDGET), the caching allocator over host memory, the CPU c10::Allocator adapter, the
-// storages the runtime knows (Entry, storage_slots.h), and one std::recursive_mutex that
+// storages the runtime knows (Entry, storage_slots.h), and one std::recursive_timed_mutex that
 // serializes everything (the allocator's eviction callback re-enters on the same thread while an
 // op is executing). It is the runtime's ReplayBackend: it evicts a StorageImpl by swapping in a
 // tombstone DataPtr and restores it by replaying the recorded op with autograd and Fake excluded;
@@ -133,15 +133,29 @@ class Engine final : public ReplayBackend,
   alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) override;
   size_t UnevictableBytes(c10::DeviceIndex device) override;
 #endif
-  // Where the allocated bytes are, for out-of-memory reports (also CudaEvictor's).
-  std::string Breakdown();
+  // Where the allocated bytes are, for out-of-memory reports (also CudaEvictor's); with the
+  // failed `request`, also the smallest budget that could work.
+  std::string Breakdown()
+#if DTR_WITH_CUDA
+      override
+#endif
+  {
+    return BreakdownFor(0);
+  }
+  std::string BreakdownFor(uint64_t request);
+  // Resident bytes by why they stay (stats: unevictable_bytes; README "What dtr pins").
+  struct MemoryByReason {
+    uint64_t constant = 0, exposed = 0, external = 0, pinned = 0, locked = 0, evictable = 0, evicted = 0,
+             untracked = 0, constants = 0;
+  };
+  MemoryByReason ByReason();
   // allocated and reserved bytes (current, peak) of the managed device memory.
   struct MemoryCounters {
     int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0;
   };
   MemoryCounters Counters();
   size_t PinnedBytes() const override {
-    std::unique_lock<std::recursive_mutex> l(mu_, std::try_to_lock);
+    std::unique_lock<std::recursive_timed_mutex> l(mu_, std::try_to_lock);
     if (!l.owns_lock()) return 0;
     return rt_->UnevictableBytes();
   }
@@ -150,6 +164,12 @@ class Engine final : public ReplayBackend,
   // torch.ops.dtr.pin / unpin: keep a tensor's storage resident (for raw access: .numpy(),
   // torch.save, data_ptr(), extensions), see README "Caveats".
   void PinTensor(const at::Tensor& t, bool pin);
+  // torch.ops.dtr.expose (Note [Memory read outside the dispatcher], engine.cc): t's memory is
+  // read outside the dispatcher from now on; `writable`: through a view that may write it.
+  void ExposeTensor(const at::Tensor& t, bool writable);
+  // Whether memory dtr did not allocate came from torch's own allocators (not numpy's, a shared
+  // mapping's, a DLPack producer's): only ops write it.
+  static bool TorchOwnsMemory(const c10::DataPtr& dp);
   void WriteStatsFile();
   // torch.ops.dtr.set_budget: changes the budget at run time (<= 0: unlimited). Evicts and
   // releases cached memory to get under a lower budget; raises (keeping the old budget) if the
@@ -161,6 +181,12 @@ class Engine final : public ReplayBackend,
   // is evicted. Pausing first brings back every evicted storage the program still holds, so
   // code that runs while paused (or reads memory outside the dispatcher) sees real data.
   void SetPaused(bool paused);
+  // Note [fork] (engine.cc): pthread_atfork handlers.
+  void PrepareFork();
+  void ParentAfterFork();
+  void ChildAfterFork();
+  void HoldForFork();
+  void ReleaseForkHold();
   bool paused() const { return paused_.load(std::memory_order_acquire); }
 
  private:
@@ -224,8 +250,8 @@ class Engine final : public ReplayBackend,
   };
   // The engine lock for an eviction request. Inside a parallel region whose owner may hold it
   // (waiting for the region) it is only tried: owns_lock() false means "cannot evict now".
-  std::unique_lock<std::recursive_mutex> LockForEviction() {
-    std::unique_lock<std::recursive_mutex> l(mu_, std::defer_lock);
+  std::unique_lock<std::recursive_timed_mutex> LockForEviction() {
+    std::unique_lock<std::recursive_timed_mutex> l(mu_, std::defer_lock);
     if (at::in_parallel_region()) (void)l.try_lock();
     else l.lock();
     return l;
@@ -243,6 +269,9 @@ class Engine final : public ReplayBackend,
     return it == entries_.end() ? nullptr : it->second;
   }
   Entry* NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes);
+  // Drops a foreign entry from foreign_ (its storage died, its address was reused, or the entry
+  // is being deleted); with `report_death`, the runtime then drops its record as for any death.
+  void ForgetForeign(Entry* e, bool report_death);
   void DrainDeaths();
   bool OnSlotDeletedLocked(Slot* s);
   void DrainDeferredSlots();
@@ -268,7 +297,9 @@ class Engine final : public ReplayBackend,
   std::mutex handlers_mu_;  // guards device_handlers_ only
   std::vector<DeviceHandler*> device_handlers_;  // one per device allocator, never freed (like the engine)
 #endif
-  mutable std::recursive_mutex mu_;
+  mutable std::recursive_timed_mutex mu_;
+  bool fork_locked_ = false;  // Note [fork]: PrepareFork holds mu_, deferred_mu_ and the allocator's
+  int fork_holds_ = 0;        // Note [fork]: HoldForFork's holds of mu_ (the Python hook's)
   std::unique_ptr<Runtime> rt_;
   std::unique_ptr<alloc::HostBackend> backend_;
   std::unique_ptr<alloc::CachingAllocator> alloc_;

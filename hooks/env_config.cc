@@ -1,5 +1,6 @@
 #include "hooks/env_config.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -21,7 +22,8 @@ namespace {
 
 const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLOCATOR", "DTR_HEURISTIC",  "DTR_DEALLOC",
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
-                              "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
+                              "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -46,6 +48,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", heuristic=", HeuristicName(heuristic), ", dealloc=", DeallocPolicyName(dealloc),
                       ", search=", SearchModeName(search), ", stats_file='", stats_file,
                       "', trace_file='", trace_file, "', verbose=", verbose,
+                      ", max_replay_depth=", max_replay_depth,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -129,6 +132,12 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 2) return Bad("DTR_VERBOSE", v, "0 | 1 | 2");
     c.verbose = n;
   }
+  if (const char* v = getenv_fn("DTR_MAX_REPLAY_DEPTH")) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > (int64_t(1) << 30))
+      return Bad("DTR_MAX_REPLAY_DEPTH", v, "an integer from 1 to 1073741824 (default 1000)");
+    c.max_replay_depth = uint32_t(n);
+  }
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int r = 0;
@@ -176,6 +185,19 @@ absl::StatusOr<std::string> ExpandFileName(const char* var, const std::string& p
 
 absl::StatusOr<std::string> ExpandFileNameNow(const char* var, const std::string& pattern) {
   return ExpandFileName(var, pattern, [](const char* n) { return std::getenv(n); }, static_cast<long>(getpid()));
+}
+
+absl::Status CheckOutputFile(const char* var, const std::string& pattern) {
+  absl::StatusOr<std::string> path = ExpandFileNameNow(var, pattern);
+  if (!path.ok()) return path.status();
+  const size_t slash = path->rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path->substr(0, slash);
+  const bool exists = access(path->c_str(), F_OK) == 0;
+  if (exists ? access(path->c_str(), W_OK) != 0 : access(dir.c_str(), W_OK | X_OK) != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtr: ", var, "='", pattern, "': cannot write ", exists ? *path : absl::StrCat("into directory ", dir), " (",
+        std::strerror(errno), "); name a writable file"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DtrEnvConfig> ParseProcessEnv() {

@@ -62,6 +62,7 @@ struct DtrEnvConfig {
   std::string stats_file;
   std::string trace_file;
   int verbose = 0;
+  uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
   bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }
@@ -74,6 +75,11 @@ struct DtrEnvConfig {
 absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     const std::function<const char*(const char*)>& getenv_fn,
     const std::function<void(const std::function<void(const std::string&)>&)>& for_each_name);
+
+// Whether this process could write the file `pattern` names (placeholders expanded now): the
+// file, if it exists, else its directory. Checked at start-up so that a stats file the run
+// cannot write is an error then, not a message after hours of training.
+absl::Status CheckOutputFile(const char* var, const std::string& pattern);
 
 // From the real process environment.
 absl::StatusOr<DtrEnvConfig> ParseProcessEnv();

@@ -42,6 +42,18 @@ static bool ReturnsHideTensors(const torch::jit::Stack& stack, size_t nret) {
   return false;
 }
 
+// The arguments of a recorded op with its tensor operands taken out: storages are referenced by
+// id (foreign ones stay alive through their entry), Python numbers kept by value (Note [Python
+// numbers are kept by value], replay_record.h).
+static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base,
+                           const std::vector<TensorArg>& tensors, const std::vector<ScalarArg>& scalars) {
+  rr->args = CopyArgs(stack.data() + base, stack.data() + stack.size());
+  for (const TensorArg& ta : tensors) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+  for (const ScalarArg& sa : scalars) PutAt(rr->args, sa.path, at::Tensor(), sa.is_optional_list);
+  rr->tensors = tensors;
+  rr->scalars = scalars;
+}
+
 void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Fake);
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
@@ -62,7 +74,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
-  std::unique_lock<std::recursive_mutex> l(mu_);
+  std::unique_lock<std::recursive_timed_mutex> l(mu_);
   auto it = infos_.find(&schema);
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
   if (it->second.kind == Kind::kPassthrough) return pass();
@@ -161,10 +173,22 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                             info.name == "aten::miopen_batch_norm") &&
                            (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
   std::vector<Entry*> running_stat_entries;
+  // Note [Memory read outside the dispatcher] (engine.cc): an op reading memory that may change
+  // without an op is never recorded; its outputs are constants.
+  bool reads_changeable = false;
+  std::vector<ScalarArg> scalar_args;  // Note [Python numbers are kept by value]
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
+    if (ScalarArg::Applies(t) && !info.write_all &&
+        std::find(info.write_args.begin(), info.write_args.end(), p.index) == info.write_args.end()) {
+      scalar_args.push_back(ScalarArg{p, t.item(), t.scalar_type(), t.device(), optl});
+      return;
+    }
     if (bn_training && (p.index == 3 || p.index == 4)) {
       Entry* e = EntryOf(t, true);
       running_stat_entries.push_back(e);
+      // The CPU kernel takes another path for non-contiguous statistics than for None, one
+      // ulp apart: such an op is not recorded (its replay would pass None).
+      if (!t.is_contiguous()) reads_changeable = true;
       return;
     }
     Entry* e = EntryOf(t, true);
@@ -174,6 +198,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     targs.push_back(std::move(ta));
     in_sids.push_back(e->sid);
     in_entries.push_back(e);
+    reads_changeable = reads_changeable || e->changeable();
     bool w = info.write_all;
     for (int wa : info.write_args)
       if (wa == p.index) w = true;
@@ -192,12 +217,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
     ReplayRecord* rr = nullptr;
-    if (info.replayable) {
+    if (info.replayable && !reads_changeable) {
       rr = new ReplayRecord(op);
-      rr->args = CopyArgs(stack->data() + base, stack->data() + stack->size());
-      for (const TensorArg& ta : targs) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
-      // Only storages that are ours are referenced by id; foreign ones stay alive via their entry.
-      rr->tensors = targs;
+      RecordOperands(rr, *stack, base, targs, scalar_args);
     }
     double cost = 0;
     std::exception_ptr err;
@@ -243,7 +265,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   OpPins pinned(this, info.name.c_str());
   for (StorageId id : in_sids) pinned.Add(id);
 
-  if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate) {
+  if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate ||
+      reads_changeable) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
     double cost = timed_pass();
     if (ReturnsHideTensors(*stack, schema.returns().size())) pinned.KeepPinned();
@@ -258,13 +281,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // ---- a functional op: record it ----
   ReplayRecord* rr = new ReplayRecord(op);
-  rr->args = CopyArgs(stack->data() + base, stack->data() + stack->size());
-  for (const TensorArg& ta : targs) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+  RecordOperands(rr, *stack, base, targs, scalar_args);
   if (bn_training) {
     rr->args[3] = c10::IValue();
     rr->args[4] = c10::IValue();
   }
-  rr->tensors = targs;
   // Random ops draw from the default generator of the device they run on: a device argument
   // (factories), else the first tensor's.
   rr->gen_device = c10::Device(c10::DeviceType::CPU);

@@ -5,6 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 namespace dtr::hooks {
 
@@ -15,12 +19,14 @@ TensorMeta TensorMeta::Of(const at::Tensor& t) {
   m.strides = t.strides().vec();
   m.offset = t.storage_offset();
   m.dtype = t.scalar_type();
+  m.conj = t.is_conj();
+  m.neg = t.is_neg();
   return m;
 }
 
 bool TensorMeta::Matches(const at::Tensor& t) const {
   return t.sizes().vec() == sizes && t.strides().vec() == strides && t.storage_offset() == offset &&
-         t.scalar_type() == dtype;
+         t.scalar_type() == dtype && t.is_conj() == conj && t.is_neg() == neg;
 }
 
 std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end) {
@@ -43,6 +49,19 @@ constexpr std::pair<at::Float32Backend, at::Float32Op> kPrecisionKeys[4] = {
     {at::Float32Backend::MKLDNN, at::Float32Op::CONV},
 };
 
+// The CPU's flush-to-zero state, which torch.set_flush_denormal sets and ATen cannot read back.
+bool FlushDenormalOn() {
+#if defined(__x86_64__) || defined(__i386__)
+  return (_mm_getcsr() & 0x8040) != 0;  // FTZ (bit 15) or DAZ (bit 6)
+#elif defined(__aarch64__)
+  uint64_t fpcr;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  return (fpcr & (uint64_t(1) << 24)) != 0;  // FZ
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
@@ -56,6 +75,8 @@ ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
   f.mkldnn_enabled = c.userEnabledMkldnn();
   for (int i = 0; i < 4; ++i)
     f.precision[i] = uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
+  f.flush_denormal = FlushDenormalOn();
+  f.num_threads = at::get_num_threads();
   return f;
 }
 
@@ -70,6 +91,8 @@ void ReplayRecord::BackendFlags::Apply() const {
   for (int i = 0; i < 4; ++i)
     if (uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second)) != precision[i])
       c.setFloat32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second, at::Float32Precision(precision[i]));
+  if (FlushDenormalOn() != flush_denormal) (void)c.setFlushDenormal(flush_denormal);
+  if (at::get_num_threads() != num_threads) at::set_num_threads(num_threads);
 }
 
 at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m) {
@@ -80,6 +103,14 @@ at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const Te
   t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
   t.unsafeGetTensorImpl()->set_storage_offset(m.offset);
   if (m.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  if (m.conj) t.unsafeGetTensorImpl()->_set_conj(true);
+  if (m.neg) t.unsafeGetTensorImpl()->_set_neg(true);
+  return t;
+}
+
+at::Tensor ScalarArg::Make() const {
+  at::Tensor t = at::scalar_tensor(value, at::TensorOptions().dtype(dtype).device(device));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;
 }
 

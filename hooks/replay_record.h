@@ -29,6 +29,9 @@ struct TensorMeta {
   // A Python scalar operand (`int_tensor * 0.5`) arrives as a wrapped-number tensor, which type
   // promotion treats as a scalar (default dtype) instead of a double tensor: replays keep the flag.
   bool wrapped_number = false;
+  // The lazy conjugate and negative bits of a view (x.conj() of a complex tensor, _neg_view):
+  // kernels that take such a view read it conjugated / negated, so replays must pass it as well.
+  bool conj = false, neg = false;
   static TensorMeta Of(const at::Tensor& t);
   bool Matches(const at::Tensor& t) const;
 };
@@ -46,6 +49,22 @@ struct TensorArg {
   bool is_optional_list = false;
 };
 
+// Note [Python numbers are kept by value]: a Python number operand (`acc * 0.9`) arrives as a
+// one-element wrapped-number tensor. Recording it as a storage kept one allocation per op alive
+// for as long as the recipe lived (512 bytes a step for an EMA carried across steps); the record
+// keeps its value instead and makes a fresh wrapped number for each replay.
+struct ScalarArg {
+  Path path;
+  c10::Scalar value;
+  c10::ScalarType dtype = c10::ScalarType::Double;
+  c10::Device device{c10::DeviceType::CPU};
+  bool is_optional_list = false;
+  static bool Applies(const at::Tensor& t) {
+    return t.unsafeGetTensorImpl()->is_wrapped_number() && t.numel() == 1 && t.is_cpu();
+  }
+  at::Tensor Make() const;
+};
+
 struct OutputSpec {
   Path path;
   TensorMeta meta;
@@ -58,6 +77,7 @@ struct ReplayRecord {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;  // tensors replaced by None; lists keep their shape
   std::vector<TensorArg> tensors;
+  std::vector<ScalarArg> scalars;  // Note [Python numbers are kept by value]
   std::vector<OutputSpec> outputs;  // aligned with OpRecord::outputs (creating ops)
   int gen_arg = -1;
   c10::optional<at::Generator> gen;          // pristine clone for Generator? args
@@ -66,12 +86,16 @@ struct ReplayRecord {
   // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
   // produce (factories without dtype, int tensor * float scalar, ...), and the backend flags
   // (deterministic algorithms, cuDNN deterministic/benchmark, TF32) change which kernel runs and
-  // so the bits. A replay runs under the values that were current when the op first ran.
+  // so the bits, as do the flush-to-zero mode and the intra-op thread count. A replay runs under the values that were current when the op first ran.
   caffe2::TypeMeta default_dtype = c10::get_default_dtype();
   struct BackendFlags {
     bool deterministic = false, deterministic_warn_only = false, cudnn_deterministic = false,
          cudnn_benchmark = false, cudnn_enabled = true, mkldnn_enabled = true;
     uint8_t precision[4] = {};  // float32Precision of (CUDA|MKLDNN) x (MATMUL|CONV)
+    // torch.set_flush_denormal (the CPU's flush-to-zero mode) changes results with subnormal
+    // operands; torch.set_num_threads may change a parallel reduction's order.
+    bool flush_denormal = false;
+    int num_threads = 1;
     static BackendFlags Current();
     void Apply() const;
     bool operator==(const BackendFlags&) const = default;

@@ -51,6 +51,15 @@ struct Entry {
   size_t nbytes = 0;
   bool ours = false;
   bool dead = false;  // external reference dropped
+  // Note [Memory read outside the dispatcher] (engine.cc): `changeable` contents may change
+  // without an op (external memory, or a writable view handed out: numpy, DLPack), so no recipe
+  // may read it; `kept_resident` holds one permanent runtime pin (a raw pointer or a
+  // serialization handed out).
+  bool external = false;
+  c10::StorageImpl* foreign_key = nullptr;  // its key in Engine::foreign_ (memory not ours)
+  bool exposed = false;
+  bool kept_resident = false;
+  bool changeable() const { return external || exposed; }
   int trace_id = -1;
 
   // The StorageImpl holding this storage's bytes now (strong ref), or null.

@@ -41,7 +41,14 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
   else if (suffix == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
   else return error(absl::StrCat("unknown suffix '", suffix, "'"));
   double bytes = value * scale;
-  if (bytes >= 18446744073709551615.0) return error("too large");
+  // Beyond 2^60 (1 EiB) no machine has the memory, and doubles lose whole bytes (an int64 max
+  // once rounded to 2^63 and wrapped to a negative budget).
+  if (bytes > double(kMaxByteQuantity)) return error("more than 1 EiB; for no cap use 'unlimited'");
+  if (scale == 1 && number.find('.') == absl::string_view::npos) {
+    uint64_t exact = 0;
+    if (!absl::SimpleAtoi(number, &exact) || exact > kMaxByteQuantity) return error("more than 1 EiB; for no cap use 'unlimited'");
+    return exact;
+  }
   if (scale == 1 && number.find('.') != absl::string_view::npos && value != std::floor(value))
     return error("fractional byte count");
   return uint64_t(std::llround(std::floor(bytes)));

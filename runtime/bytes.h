@@ -12,9 +12,13 @@
 
 namespace dtr {
 
+// The largest quantity ParseBytes accepts: 2^60 bytes (1 EiB).
+inline constexpr uint64_t kMaxByteQuantity = uint64_t(1) << 60;
+
 // Accepts a non-negative number (integer or decimal) followed by an optional suffix: B, K/KB/M/MB/
 // G/GB/T/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024); case-insensitive except that
-// "k" and "K" both mean 1000. Rejects negatives, overflow, empty input and trailing garbage.
+// "k" and "K" both mean 1000. Rejects negatives, quantities above kMaxByteQuantity, empty input
+// and trailing garbage.
 absl::StatusOr<uint64_t> ParseBytes(absl::string_view text);
 
 // What ParseBytes accepts, for error messages.

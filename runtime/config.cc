@@ -38,16 +38,17 @@ absl::Status RuntimeConfig::Validate() const {
   if (!(thrash_damping >= 0) || !std::isfinite(thrash_damping))
     return absl::InvalidArgumentError(absl::StrCat("thrash_damping must be >= 0, got ", thrash_damping));
   if (thrash_half_life_ops == 0) return absl::InvalidArgumentError("thrash_half_life_ops must be >= 1");
+  if (max_replay_depth == 0) return absl::InvalidArgumentError("max_replay_depth must be >= 1");
   return absl::OkStatus();
 }
 
 std::string RuntimeConfig::ToString() const {
   return absl::StrFormat(
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d "
-      "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d seed=%d",
+      "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d max_replay_depth=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
-      min_samples, small_storage_fraction, thrash_damping, thrash_half_life_ops, seed);
+      min_samples, small_storage_fraction, thrash_damping, thrash_half_life_ops, max_replay_depth, seed);
 }
 
 }  // namespace dtr

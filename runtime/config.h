@@ -48,6 +48,9 @@ struct RuntimeConfig {
   // A storage rematerialized this many times within a half-life counts as a thrash event.
   double thrash_report_threshold = 8;
   uint64_t seed = 0x5eed;
+  // Note [Bounded replay chains] (runtime.cc): a storage recorded deeper than this many recipe
+  // ops behind the nearest constants becomes a constant itself.
+  uint32_t max_replay_depth = 1000;
 
   absl::Status Validate() const;
   std::string ToString() const;

@@ -44,6 +44,9 @@ struct StorageRecord {
   // Resident but only part of its recipe replayed (Note [Rematerialization]): its contents are
   // not final, so it counts as evicted for banishing.
   bool rebuilding = false;
+  // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
+  // rematerializable storages behind this one when it was recorded.
+  uint32_t replay_depth = 0;
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

@@ -67,6 +67,20 @@ namespace dtr {
 // dependent); banishing frees it for good once no evicted dependent needs it and detaches its
 // resident dependents.
 //
+// Note [Bounded replay chains]
+// A value carried across training steps and updated from itself (an exponential moving average
+// acc = acc * 0.9 + x, an RNN state carried through truncated backpropagation) builds a recipe
+// chain as long as the run: each step's record reads the previous step's, which is dead and
+// evicted but kept for replay. Records, and everything they keep, grow every step, and bringing
+// the value back replays the whole history. So each record carries its replay depth (1 + the
+// largest depth among its rematerializable inputs; constants count 0), and a storage recorded
+// deeper than max_replay_depth is made a constant at once, which cuts the chain: its ancestors'
+// records lose their last reader and are collected. An in-place op appended to a recipe adds one
+// to its storage's depth, which bounds recipes too (a buffer updated in place every step). The depth is fixed at recording and not
+// lowered when an ancestor later becomes a constant, so the cut may come early, never late.
+// Within a training step chains are as long as the model is deep; the default limit (1000)
+// freezes about one storage in a thousand along the longest path.
+//
 // Note [Thrashing]
 // Each rematerialization adds one to the storage's recent_remats, which halves every
 // thrash_half_life_ops ops. The victim search multiplies the score by
@@ -166,6 +180,9 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   auto unlock_inputs = [&] { UnlockAll(inputs); };
   uint64_t out_bytes = 0;
   for (uint64_t size : call.output_sizes) out_bytes += size;
+  uint64_t op_bytes = out_bytes;
+  for (StorageId in : inputs) op_bytes += rec(in).size;
+  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
   if (absl::Status s = Reserve(out_bytes, absl::StrCat("outputs of ", call.name)); !s.ok()) {
     unlock_inputs();
     return s;
@@ -203,11 +220,22 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     op.handle = call.handle;
     op.recipe_users = uint32_t(outputs.size());
     OpId op_id = ops_.Insert(std::move(op));
-    for (StorageId in : inputs) rec(in).readers.push_back(op_id);
+    uint32_t depth = 1;
+    for (StorageId in : inputs) {
+      StorageRecord& in_rec = rec(in);
+      in_rec.readers.push_back(op_id);
+      if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
+    }
     for (StorageId out : outputs) {
       StorageRecord& r = rec(out);
       r.recipe.push_back(op_id);
       r.cost = *cost;
+      r.replay_depth = depth;
+    }
+    if (depth > config_.max_replay_depth) {
+      // Note [Bounded replay chains]
+      for (StorageId out : outputs) Detach(out);
+      stats_.depth_limited += outputs.size();
     }
   } else {
     stats_.constants += outputs.size();
@@ -259,9 +287,19 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     op.in_place = true;
     op.recipe_users = 1;
     OpId op_id = ops_.Insert(std::move(op));
-    for (StorageId in : ops_[op_id].inputs) rec(in).readers.push_back(op_id);
+    uint32_t depth = rec(m).replay_depth + 1;  // the recipe grows by one op
+    for (StorageId in : ops_[op_id].inputs) {
+      StorageRecord& in_rec = rec(in);
+      in_rec.readers.push_back(op_id);
+      if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
+    }
     rec(m).recipe.push_back(op_id);
     rec(m).cost += *cost;
+    rec(m).replay_depth = depth;
+    if (depth > config_.max_replay_depth) {
+      Detach(m);  // Note [Bounded replay chains]
+      ++stats_.depth_limited;
+    }
   } else {
     for (StorageId m : mutated) Detach(m);
   }

@@ -17,6 +17,7 @@ struct RuntimeStats {
   uint64_t rematerializations = 0;    // storages brought back
   uint64_t replays = 0;               // op replays (a recipe may replay several ops)
   uint64_t detached = 0;              // storages made constant by a mutation of an input
+  uint64_t depth_limited = 0;         // storages made constant at max_replay_depth
   uint64_t collected = 0;             // records dropped because nothing could need them
   uint64_t thrash_events = 0;         // see Note [Thrashing]
   uint64_t eviction_searches = 0;
@@ -26,6 +27,7 @@ struct RuntimeStats {
   double remat_cost = 0;              // cost of replays
   uint64_t memory_bytes = 0;          // resident bytes now
   uint64_t peak_memory_bytes = 0;
+  uint64_t largest_op_bytes = 0;      // most bytes one op read and wrote (inputs + outputs)
 
   double total_cost() const { return base_cost + remat_cost; }
   // One JSON object (no trailing newline) with every field.

@@ -38,6 +38,7 @@ OPTIONS = {
     "evict": "DTR_EVICT",
     "device": "DTR_DEVICE",
     "cuda_allocator": "DTR_CUDA_ALLOCATOR",
+    "max_replay_depth": "DTR_MAX_REPLAY_DEPTH",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

@@ -22,6 +22,7 @@ CLI_OPTIONS = {
     "--evict": "DTR_EVICT",
     "--device": "DTR_DEVICE",
     "--cuda-allocator": "DTR_CUDA_ALLOCATOR",
+    "--max-replay-depth": "DTR_MAX_REPLAY_DEPTH",
 }
 
 

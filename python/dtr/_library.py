@@ -81,6 +81,8 @@ def load():
         ("dtr_set_paused", None, [ctypes.c_int]),
         ("dtr_dispatch_key", ctypes.c_int, []),
         ("dtr_thread_init", None, []),
+        ("dtr_fork_hold", None, []),
+        ("dtr_fork_release", None, []),
         ("dtr_parse_bytes", ctypes.c_int64, [ctypes.c_char_p]),
         ("dtr_built_torch_version", ctypes.c_char_p, []),
     ]:

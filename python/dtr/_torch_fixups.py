@@ -10,6 +10,9 @@ in every process where dtr is active (preloaded or enabled in-process).
   an evicted input would be read unallocated: every tensor input of a compiled graph
   (CompiledFxGraph.__call__, forward and backward) is pinned resident while the graph runs. Its
   outputs are constants to dtr (not replayable op by op).
+- os.fork() takes dtr's lock first (Note [fork], hooks/engine.cc).
+- Memory handed out of the dispatcher (numpy, DLPack, data_ptr, serialization) is reported to
+  dtr (dtr/_exposure.py).
 - Threads started from Python after an in-process dtr.enable() (no preload, so no pthread_create
   interposer) get the key when they start.
 """
@@ -37,6 +40,12 @@ def apply(lib):
         cache = getattr(hop, "_dispatch_cache", None)
         if cache is not None:
             cache.clear()
+    from dtr import _exposure
+    _exposure.install()
+    # Note [fork] (hooks/engine.cc): take dtr's lock with the GIL released before os.fork().
+    import os
+    os.register_at_fork(before=lib.dtr_fork_hold, after_in_parent=lib.dtr_fork_release,
+                        after_in_child=lib.dtr_fork_release)
     from dtr._launcher import _after_import
     _after_import("torch._inductor.output_code", _pin_compiled_graph_inputs)
     _applied = True

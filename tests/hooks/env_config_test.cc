@@ -1,5 +1,6 @@
-// DtrEnvConfig's file-name placeholders (Note [Per-process file names]): what {rank} and {pid}
-// expand to, and which patterns are start-up errors.
+// DtrEnvConfig: the file-name placeholders (Note [Per-process file names]), what {rank} and {pid}
+// expand to and which patterns are start-up errors; output files that cannot be written; the
+// replay-depth limit and budgets out of range.
 #include "hooks/env_config.h"
 
 #include <map>
@@ -76,6 +77,31 @@ TEST(ParseEnvConfig, FileNamePlaceholdersAreCheckedAtStartUp) {
   auto b = bad.Parse();
   ASSERT_FALSE(b.ok());
   EXPECT_THAT(std::string(b.status().message()), HasSubstr("unknown placeholder {host}"));
+}
+
+TEST(ParseEnvConfig, MaxReplayDepth) {
+  EXPECT_EQ(FakeEnv{}.Parse()->max_replay_depth, 1000u);
+  auto c = FakeEnv{{{"DTR_MAX_REPLAY_DEPTH", "64"}}}.Parse();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_replay_depth, 64u);
+  for (const char* bad : {"0", "-3", "x", "99999999999"}) {
+    auto b = FakeEnv{{{"DTR_MAX_REPLAY_DEPTH", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_MAX_REPLAY_DEPTH"));
+  }
+}
+
+TEST(ParseEnvConfig, BudgetsNoMachineHasAreRefused) {
+  auto b = FakeEnv{{{"DTR_BUDGET", "9223372036854775807"}}}.Parse();
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_BUDGET"));
+}
+
+TEST(CheckOutputFile, UnwritableDirectoriesAreStartUpErrors) {
+  EXPECT_TRUE(CheckOutputFile("DTR_STATS_FILE", "/tmp/dtr-check-{pid}.json").ok());
+  absl::Status s = CheckOutputFile("DTR_STATS_FILE", "/nonexistent-dir/stats.json");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot write into directory /nonexistent-dir"));
 }
 
 }  // namespace

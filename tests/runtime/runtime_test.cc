@@ -115,7 +115,10 @@ TEST_F(RuntimeTest, EvictsUnderBudgetAndRematerializesOnAccess) {
 }
 
 TEST_F(RuntimeTest, RematerializesLongEvictedChainsWithoutRecursion) {
-  Make(kUnlimitedBudget);
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.max_replay_depth = 1 << 20;  // Note [Bounded replay chains] would cut this chain
+  Make(config);
   constexpr int kDepth = 100000;
   std::vector<StorageId> chain = {Const(1)};
   uint64_t size = 1;
@@ -350,6 +353,53 @@ TEST_F(RuntimeTest, DeadGradientsReadByAnAccumulatorAreReleasedEachStep) {
     if (step >= 1) EXPECT_EQ(rt_->storage(grad), nullptr) << "step " << step;
   }
   EXPECT_TRUE(Resident(buf));
+}
+
+// Note [Bounded replay chains]: acc = acc * 0.9 + x carried across steps.
+TEST_F(RuntimeTest, ReplayChainsCarriedAcrossStepsAreCutAtMaxDepth) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.max_replay_depth = 10;
+  Make(config);
+  StorageId acc = Op1("zeros", {}, 100);
+  size_t records_at_step_20 = 0;
+  for (int step = 0; step < 60; ++step) {
+    StorageId x = Op1("randn", {}, 100);
+    StorageId scaled = Op1("mul", {acc}, 100);
+    StorageId next = Op1("add", {scaled, x}, 100);
+    ASSERT_TRUE(rt_->DropRef(scaled).ok());
+    ASSERT_TRUE(rt_->DropRef(x).ok());
+    ASSERT_TRUE(rt_->DropRef(acc).ok());
+    acc = next;
+    Check();
+    if (rt_->storage(acc)->rematerializable()) EXPECT_LE(rt_->storage(acc)->replay_depth, 10u);
+    if (step == 20) records_at_step_20 = rt_->storage_count();
+    if (step > 20) EXPECT_LE(rt_->storage_count(), records_at_step_20 + 20) << "step " << step;
+  }
+  EXPECT_GE(rt_->stats().depth_limited, 60u * 2 / 10 - 1);
+  // Bringing acc back replays at most one chain segment: up to 10 levels of mul and add, and
+  // the randn beside each add.
+  if (rt_->storage(acc)->rematerializable()) ASSERT_TRUE(rt_->Evict(acc).ok());
+  backend_.replays.clear();
+  ASSERT_TRUE(rt_->Access(acc).ok());
+  EXPECT_LE(backend_.replays.size(), 15u);
+}
+
+TEST_F(RuntimeTest, InPlaceRecipesAreCutAtMaxDepth) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.max_replay_depth = 8;
+  Make(config);
+  StorageId buf = Op1("zeros", {}, 100);
+  StorageId only[] = {buf};
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(rt_->Mutate({"mul_", {}, only, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    Check();
+    EXPECT_LE(rt_->storage(buf)->recipe.size(), 8u);
+  }
+  // Frozen once, at depth 9: a constant from then on, whatever is written into it.
+  EXPECT_EQ(rt_->stats().depth_limited, 1u);
+  EXPECT_FALSE(rt_->storage(buf)->rematerializable());
 }
 
 TEST_F(RuntimeTest, StoragesBroughtBackForADependentStayResident) {

@@ -1,0 +1,152 @@
+"""Tells dtr when a tensor's memory leaves PyTorch's dispatcher, so that no replay ever reads
+memory that changed behind its back and no view handed out ever points at evicted memory
+(hooks/engine.cc, Note [Memory read outside the dispatcher]). Installed with the other Python
+fixups wherever dtr is active.
+
+- Writable views (Tensor.numpy, np.asarray, __dlpack__ / to_dlpack, __cuda_array_interface__)
+  and element-wise Python callbacks (apply_, map_, map2_):
+  torch.ops.dtr.expose(t, True). The storage is resident for good and is never a replay source.
+- A raw pointer (Tensor.data_ptr) taken by the program: as a writable view (ctypes may write
+  through it). Taken by PyTorch's own Python code (an identity check): torch.ops.dtr.expose(t,
+  False), as for a serialization (torch.save, pickle: __reduce_ex__): the storage stays resident
+  while it lives.
+- Reads that finish before they return (tolist, copy.deepcopy, torch.max_pool1d's composite
+  kernel): the tensor is pinned for the call only, so an evicted tensor is brought back first. share_memory_ and multiprocessing's
+  reduction move the storage to shared memory, external from then on: it is brought back first.
+
+C++ code that reads or writes a tensor through data_ptr() outside an op is not seen: it must pin
+the tensor (torch.ops.dtr.pin, README "What dtr pins").
+"""
+import functools
+import sys
+
+_installed = False
+
+
+def _plain(t):
+    import torch
+    # Subclasses (FakeTensor, DTensor, functional wrappers) are not dtr's: it never records them.
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type in ("cpu", "cuda")
+
+
+def install():
+    global _installed
+    if _installed:
+        return
+    import torch
+    expose = torch.ops.dtr.expose
+    pin, unpin = torch.ops.dtr.pin, torch.ops.dtr.unpin
+
+    def exposing(original, writable):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            if _plain(self):
+                expose(self, writable)
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    def pinned_during(original):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            if not _plain(self):
+                return original(self, *args, **kwargs)
+            pin(self)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                unpin(self)
+        return wrapper
+
+    def materialized_first(original):
+        # For calls that replace the storage's memory (share_memory_ moves it to shared memory,
+        # which is external from then on): a pin held across the call would outlive the record
+        # it was taken on. Another thread evicting it in between makes the call fail loudly
+        # (torch: "invalid python storage"), never read stale bytes.
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            if _plain(self):
+                pin(self)
+                unpin(self)
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    T = torch.Tensor
+    T.numpy = exposing(T.numpy, True)
+    # Python callbacks applied element by element through the data pointers, outside any op:
+    # self is written, the other tensors are read during the call.
+    def callback_writer(original):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            others = [a for a in args if isinstance(a, torch.Tensor) and _plain(a)]
+            if _plain(self):
+                expose(self, True)
+            for a in others:
+                pin(a)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                for a in others:
+                    unpin(a)
+        return wrapper
+
+    for name in ("apply_", "map_", "map2_"):
+        if hasattr(T, name):
+            setattr(T, name, callback_writer(getattr(T, name)))
+    T.__dlpack__ = exposing(T.__dlpack__, True)
+    original_data_ptr = T.data_ptr
+
+    @functools.wraps(original_data_ptr)
+    def data_ptr(self):
+        if _plain(self):
+            # PyTorch's own Python code uses the address as an identity (nn.RNN compares its
+            # weights', FSDP its shards'); any other caller may write through it (ctypes).
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            expose(self, not (caller == "torch" or caller.startswith("torch.")))
+        return original_data_ptr(self)
+
+    T.data_ptr = data_ptr
+    T.__reduce_ex__ = exposing(T.__reduce_ex__, False)
+    T.tolist = pinned_during(T.tolist)
+    T.__deepcopy__ = pinned_during(T.__deepcopy__)
+    T.share_memory_ = materialized_first(T.share_memory_)
+    cai = T.__dict__.get("__cuda_array_interface__")
+    if isinstance(cai, property):
+        T.__cuda_array_interface__ = property(exposing(cai.fget, True))
+
+    # torch.max_pool1d without indices is a composite kernel that reads its input's memory
+    # directly (max_pool1d_impl): dtr, below it, never sees the read.
+    original_max_pool1d = torch.max_pool1d
+
+    @functools.wraps(original_max_pool1d)
+    def max_pool1d(input, *args, **kwargs):
+        if not (isinstance(input, torch.Tensor) and _plain(input)):
+            return original_max_pool1d(input, *args, **kwargs)
+        pin(input)
+        try:
+            return original_max_pool1d(input, *args, **kwargs)
+        finally:
+            unpin(input)
+
+    torch.max_pool1d = max_pool1d
+
+    from torch.utils import dlpack
+    original_to_dlpack = dlpack.to_dlpack
+
+    @functools.wraps(original_to_dlpack)
+    def to_dlpack(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and _plain(tensor):
+            expose(tensor, True)
+        return original_to_dlpack(tensor, *args, **kwargs)
+
+    dlpack.to_dlpack = to_dlpack
+    if getattr(torch, "to_dlpack", None) is original_to_dlpack:
+        torch.to_dlpack = to_dlpack
+
+    # multiprocessing queues pickle tensors with their own reducer (it moves the storage to
+    # shared memory, which then is external: Note [Memory read outside the dispatcher]).
+    from torch.multiprocessing import reductions
+    from multiprocessing.reduction import ForkingPickler
+    reduce_tensor = materialized_first(reductions.reduce_tensor)
+    for cls in (torch.Tensor, torch.nn.parameter.Parameter):
+        ForkingPickler.register(cls, reduce_tensor)
+    _installed = True

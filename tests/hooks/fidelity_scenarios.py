@@ -1,0 +1,238 @@
+"""Programs that once gave silently wrong results, hung or grew under dtr (issue 13), one per
+defect. `python fidelity_scenarios.py NAME` prints one JSON line: {"out": {...}, "dtr": stats or
+null}. test_fidelity.py runs each plainly and under the preload, where `evict_all()` evicts
+everything evictable at the marked points, and compares the outputs bit for bit.
+
+Unlike scenarios.py, these programs read tensors the way users do (t.numpy(), torch.save, ...):
+dtr must notice on its own (Note [Memory read outside the dispatcher], hooks/engine.cc)."""
+import copy
+import ctypes
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scenarios import DTR, evict_all  # noqa: E402
+
+
+def dg(t):
+    """Digest through the dispatcher (clone), so reading never exposes the tensor itself."""
+    c = t.detach().clone().contiguous()
+    if c.is_complex():
+        c = torch.view_as_real(c.resolve_conj().resolve_neg()).clone()
+    return hashlib.sha256(c.numpy().tobytes()).hexdigest()[:16] + str(tuple(t.shape))
+
+
+def ballast():
+    """Evictable tensors, so every scenario evicts and rematerializes something."""
+    g = torch.Generator().manual_seed(11)
+    return [torch.randn(64, 64, generator=g).exp() * 2 for _ in range(4)]
+
+
+def numpy_writes():
+    """Item 1: memory written outside the dispatcher, through every way out."""
+    keep = ballast()
+    out = {}
+    a = torch.zeros(64, 64)
+    a.numpy()[:] = 3.0                       # a view of a factory's output, written
+    b = torch.ones(64, 64)
+    b2 = b * 2                                # read before the write below
+    np.asarray(b)[5:9] = -1.0                 # __array__
+    c = torch.full((64, 64), 0.5)
+    c3 = c + 1
+    ctypes.memset(c.data_ptr(), 0, 64 * 4)    # a raw pointer (first row zeroed)
+    d = torch.zeros(32, 32)
+    np.from_dlpack(d)[:] = 7.0                # __dlpack__
+    e = torch.empty(16, 16).fill_(2.0)
+    torch.from_dlpack(torch.utils.dlpack.to_dlpack(e))[0] = 9.0  # another tensor over e's memory
+    arr = np.ones((64, 64), np.float32)
+    f = torch.from_numpy(arr)
+    f2 = f * 2                                # read before numpy refills the array
+    arr[:] = 5.0
+    f3 = f * 2
+    derived = [a * 1, b2 + 0, c3 + 0, d + 1, e * 1]
+    evict_all()
+    for k, v in dict(a=a, b=b, b2=b2, c=c, c3=c3, d=d, e=e, f=f, f2=f2, f3=f3).items():
+        out[k] = dg(v)
+    out["derived"] = [dg(x) for x in derived]
+    out["ballast"] = [dg(x) for x in keep]
+    return out
+
+
+def kept_numpy_view():
+    """Item 2: a .numpy() view of an activation, kept while the activation could be evicted."""
+    keep = ballast()
+    x = torch.randn(128, 64, generator=torch.Generator().manual_seed(1))
+    y = x.exp() * 3
+    view = y.numpy()
+    evict_all()
+    junk = [torch.full((128, 64), 7.0) for _ in range(8)]  # would reuse y's block if freed
+    return {"view": hashlib.sha256(view.tobytes()).hexdigest()[:16], "y": dg(y),
+            "junk": dg(junk[0]), "ballast": [dg(x) for x in keep]}
+
+
+def conj_neg():
+    """Item 3: the lazy conjugate and negative bits of views read by recorded ops."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 64, dtype=torch.complex64, generator=g)
+    y = x * 2
+    c = y.conj()
+    n = torch._neg_view(y)
+    outs = dict(conj_mul=c * 1, conj_add=c + y, conj_mm=c @ y, neg_mul=n * 1, neg_add=n + 1,
+                conj_abs=c.abs(), conj_real=torch.view_as_real(c.resolve_conj()) * 1)
+    evict_all()
+    return {k: dg(v) for k, v in outs.items()}
+
+
+def global_settings():
+    """Item 4: settings changed between an op and its replay."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(256, 256, generator=g)
+    w = torch.randn(256, 256, generator=g)
+    ys = {}
+    torch.set_flush_denormal(True)
+    ys["flush_denormal"] = (x * 1e-39) * 3
+    torch.set_flush_denormal(False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys["autocast"] = x @ w
+    torch.set_float32_matmul_precision("medium")
+    ys["matmul_precision"] = x @ w
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.mkldnn.enabled = False
+    ys["mkldnn_off"] = F.conv2d(x[None, None, :64, :64], w[None, None, :5, :5])
+    torch.backends.mkldnn.enabled = True
+    torch.set_num_threads(2)
+    ys["two_threads"] = x.sum(0) + (x @ w).sum(1)
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        ys["no_grad"] = x * 2
+    torch.set_default_dtype(torch.float64)
+    ys["default_dtype"] = torch.arange(10) * 0.1
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    ys["deterministic"] = x.cumsum(0)
+    torch.use_deterministic_algorithms(False)
+    evict_all()
+    # Read back under the opposite settings: replays must restore the recorded ones.
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(2)
+    torch.set_float32_matmul_precision("medium")
+    torch.set_default_dtype(torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = {k: dg(v.float()) for k, v in ys.items()}
+    torch.set_default_dtype(torch.float32)
+    torch.set_float32_matmul_precision("highest")
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(False)
+    return out
+
+
+def leaving_python():
+    """Item 5: evicted tensors serialized, copied, shared or read as Python values."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(4))
+    ys = [x.exp() * (i + 1) for i in range(8)]
+    out = {}
+    evict_all()
+    buf = io.BytesIO()
+    torch.save(ys[0], buf)
+    out["save"] = dg(torch.load(io.BytesIO(buf.getvalue())))
+    evict_all()
+    out["pickle"] = dg(pickle.loads(pickle.dumps(ys[1])))
+    evict_all()
+    out["deepcopy"] = dg(copy.deepcopy(ys[2]))
+    evict_all()
+    out["tolist"] = repr(ys[3].tolist())[:400]
+    evict_all()
+    out["item"] = ys[4][3, 5].item()
+    evict_all()
+    ys[5].share_memory_()
+    z = ys[5] * 2
+    evict_all()
+    out["shared"], out["from_shared"] = dg(ys[5]), dg(z)
+    import torch.multiprocessing as mp
+    q = mp.get_context("spawn").SimpleQueue()
+    evict_all()
+    q.put(ys[6])
+    out["queued"] = dg(q.get())
+    out["rest"] = [dg(y) for y in ys]
+    return out
+
+
+def sparse_quantized():
+    """Item 6: sparse and quantized ops reading evicted inputs."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 64, generator=g)
+    y = x.exp()
+    dense = torch.relu(x)
+    out = {}
+    evict_all()
+    s = dense.to_sparse()
+    evict_all()
+    out["sparse_mm"] = dg(torch.sparse.mm(s, y))
+    out["sparse_add"] = dg((s + s).to_dense())
+    evict_all()
+    csr = dense.to_sparse_csr()
+    evict_all()
+    out["csr_mv"] = dg(csr @ y[:, 0])
+    q = torch.quantize_per_tensor(y, 0.1, 0, torch.quint8)
+    evict_all()
+    out["dequant"] = dg(q.dequantize())
+    lin = torch.nn.quantized.Linear(64, 32)
+    w = torch.randn(32, 64, generator=g) / 10
+    lin.set_weight_bias(torch.quantize_per_tensor(w, 0.01, 0, torch.qint8), torch.zeros(32))
+    out["qlinear"] = dg(lin(torch.quantize_per_tensor(y / 10, 0.05, 0, torch.quint8)).dequantize())
+    out["y"] = dg(y)
+    return out
+
+
+def fork_workers():
+    """Item 7: fork() while another thread runs ops under dtr; each child reads a tensor evicted in
+    the parent. Without the atfork handlers a child that inherits a held lock hangs."""
+    import multiprocessing as mp
+    g = torch.Generator().manual_seed(6)
+    shared = [torch.randn(64, 64, generator=g).exp() for _ in range(8)]
+    stop = threading.Event()
+
+    def busy():
+        t = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+        while not stop.is_set():
+            u = t.exp() * 2
+            _ = u.sum()
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    ctx = mp.get_context("fork")
+    sums = []
+    try:
+        for _ in range(12):
+            evict_all()  # here: a fork between its two set_budget calls would hand the child a 1-byte budget
+            q = ctx.Queue()
+            p = ctx.Process(target=lambda: q.put([float(s.sum()) for s in shared]))
+            p.start()
+            sums.append(q.get(timeout=120))
+            p.join(60)
+            assert p.exitcode == 0, p.exitcode
+    finally:
+        stop.set()
+        worker.join()
+    evict_all()
+    return {"child_sums": sums[0], "same_in_every_child": all(s == sums[0] for s in sums),
+            "parent": [dg(s) for s in shared]}
+
+
+SCENARIOS = dict(numpy_writes=numpy_writes, kept_numpy_view=kept_numpy_view, conj_neg=conj_neg,
+                 global_settings=global_settings, leaving_python=leaving_python,
+                 sparse_quantized=sparse_quantized, fork_workers=fork_workers)
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    res = SCENARIOS[sys.argv[1]]()
+    print(json.dumps({"out": res, "dtr": json.loads(torch.ops.dtr.stats()) if DTR else None}))
