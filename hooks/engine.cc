@@ -287,7 +287,7 @@ void Engine::ExposeTensor(const at::Tensor& t, bool writable) {
     WriteUnreplayably("dtr::expose", {e}, "a writable view (numpy, DLPack) of a tensor", cfg_.rule_enabled(2));
     e->exposed = true;
   }
-  if (!e->kept_resident && !e->external) {
+  if (!e->kept_resident && !e->changeable()) {  // a changeable storage is a constant: resident already
     Check(rt_->Pin(e->sid), "keeping a tensor resident whose memory is read outside PyTorch");
     e->kept_resident = true;
   }

@@ -173,9 +173,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                             info.name == "aten::miopen_batch_norm") &&
                            (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
   std::vector<Entry*> running_stat_entries;
-  // Note [Memory read outside the dispatcher] (engine.cc): an op reading memory that may change
-  // without an op is never recorded; its outputs are constants.
-  bool reads_changeable = false;
+  // An op with an input no replay can reproduce is never recorded; its outputs are constants:
+  // memory that may change without an op (Note [Memory read outside the dispatcher], engine.cc),
+  // or batch norm statistics whose layout the replay would not pass (below).
+  bool unrecordable_inputs = false;
   std::vector<ScalarArg> scalar_args;  // Note [Python numbers are kept by value]
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
     if (ScalarArg::Applies(t) && !info.write_all &&
@@ -188,7 +189,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       running_stat_entries.push_back(e);
       // The CPU kernel takes another path for non-contiguous statistics than for None, one
       // ulp apart: such an op is not recorded (its replay would pass None).
-      if (!t.is_contiguous()) reads_changeable = true;
+      if (!t.is_contiguous()) unrecordable_inputs = true;
       return;
     }
     Entry* e = EntryOf(t, true);
@@ -198,7 +199,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     targs.push_back(std::move(ta));
     in_sids.push_back(e->sid);
     in_entries.push_back(e);
-    reads_changeable = reads_changeable || e->changeable();
+    unrecordable_inputs = unrecordable_inputs || e->changeable();
     bool w = info.write_all;
     for (int wa : info.write_args)
       if (wa == p.index) w = true;
@@ -217,7 +218,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
     ReplayRecord* rr = nullptr;
-    if (info.replayable && !reads_changeable) {
+    if (info.replayable && !unrecordable_inputs) {
       rr = new ReplayRecord(op);
       RecordOperands(rr, *stack, base, targs, scalar_args);
     }
@@ -266,7 +267,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   for (StorageId id : in_sids) pinned.Add(id);
 
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate ||
-      reads_changeable) {
+      unrecordable_inputs) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
     double cost = timed_pass();
     if (ReturnsHideTensors(*stack, schema.returns().size())) pinned.KeepPinned();

@@ -115,32 +115,13 @@ def install():
 
     # torch.max_pool1d without indices is a composite kernel that reads its input's memory
     # directly (max_pool1d_impl): dtr, below it, never sees the read.
-    original_max_pool1d = torch.max_pool1d
-
-    @functools.wraps(original_max_pool1d)
-    def max_pool1d(input, *args, **kwargs):
-        if not (isinstance(input, torch.Tensor) and _plain(input)):
-            return original_max_pool1d(input, *args, **kwargs)
-        pin(input)
-        try:
-            return original_max_pool1d(input, *args, **kwargs)
-        finally:
-            unpin(input)
-
-    torch.max_pool1d = max_pool1d
+    torch.max_pool1d = pinned_during(torch.max_pool1d)
 
     from torch.utils import dlpack
     original_to_dlpack = dlpack.to_dlpack
-
-    @functools.wraps(original_to_dlpack)
-    def to_dlpack(tensor, *args, **kwargs):
-        if isinstance(tensor, torch.Tensor) and _plain(tensor):
-            expose(tensor, True)
-        return original_to_dlpack(tensor, *args, **kwargs)
-
-    dlpack.to_dlpack = to_dlpack
+    dlpack.to_dlpack = exposing(original_to_dlpack, True)
     if getattr(torch, "to_dlpack", None) is original_to_dlpack:
-        torch.to_dlpack = to_dlpack
+        torch.to_dlpack = dlpack.to_dlpack
 
     # multiprocessing queues pickle tensors with their own reducer (it moves the storage to
     # shared memory, which then is external: Note [Memory read outside the dispatcher]).

@@ -76,6 +76,13 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s;
   }
   bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+  // Unlimited budget, exact search, the given Note [Bounded replay chains] limit.
+  void MakeWithMaxDepth(uint32_t max_replay_depth) {
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.max_replay_depth = max_replay_depth;
+    Make(config);
+  }
 
   FakeBackend backend_;
   std::unique_ptr<Runtime> rt_;
@@ -115,10 +122,7 @@ TEST_F(RuntimeTest, EvictsUnderBudgetAndRematerializesOnAccess) {
 }
 
 TEST_F(RuntimeTest, RematerializesLongEvictedChainsWithoutRecursion) {
-  RuntimeConfig config;
-  config.search = SearchMode::kExact;
-  config.max_replay_depth = 1 << 20;  // Note [Bounded replay chains] would cut this chain
-  Make(config);
+  MakeWithMaxDepth(1 << 20);  // Note [Bounded replay chains] would cut this chain
   constexpr int kDepth = 100000;
   std::vector<StorageId> chain = {Const(1)};
   uint64_t size = 1;
@@ -357,10 +361,7 @@ TEST_F(RuntimeTest, DeadGradientsReadByAnAccumulatorAreReleasedEachStep) {
 
 // Note [Bounded replay chains]: acc = acc * 0.9 + x carried across steps.
 TEST_F(RuntimeTest, ReplayChainsCarriedAcrossStepsAreCutAtMaxDepth) {
-  RuntimeConfig config;
-  config.search = SearchMode::kExact;
-  config.max_replay_depth = 10;
-  Make(config);
+  MakeWithMaxDepth(10);  // Note [Bounded replay chains]
   StorageId acc = Op1("zeros", {}, 100);
   size_t records_at_step_20 = 0;
   for (int step = 0; step < 60; ++step) {
@@ -386,10 +387,7 @@ TEST_F(RuntimeTest, ReplayChainsCarriedAcrossStepsAreCutAtMaxDepth) {
 }
 
 TEST_F(RuntimeTest, InPlaceRecipesAreCutAtMaxDepth) {
-  RuntimeConfig config;
-  config.search = SearchMode::kExact;
-  config.max_replay_depth = 8;
-  Make(config);
+  MakeWithMaxDepth(8);  // Note [Bounded replay chains]
   StorageId buf = Op1("zeros", {}, 100);
   StorageId only[] = {buf};
   for (int i = 0; i < 30; ++i) {
