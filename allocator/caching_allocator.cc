@@ -102,10 +102,14 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
     const AllocatorConfig& config, DeviceMemoryBackend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("CachingAllocator: null backend");
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (backend->MinAlignment() < config.min_block_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend ", backend->Name(), " aligns to ", backend->MinAlignment(),
-        " bytes, below min_block_size ", config.min_block_size));
+  // Note [Block alignment]: a block starts at its segment's base plus a multiple of
+  // min_block_size, so it is aligned to min(backend alignment, min_block_size). cudaMalloc
+  // promises 256 bytes, the alignment CUDA kernels and PyTorch's own allocator rely on; a
+  // backend's alignment only has to be a power of two.
+  const size_t align = backend->MinAlignment();
+  if (align == 0 || (align & (align - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend ", backend->Name(), " aligns to ", align, " bytes, not a power of two"));
   }
   return std::unique_ptr<CachingAllocator>(new CachingAllocator(config, backend));
 }

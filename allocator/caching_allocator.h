@@ -34,7 +34,7 @@ namespace dtr::alloc {
 class CachingAllocator {
  public:
   // `backend` is not owned and must outlive the allocator. Fails on an invalid config or a
-  // backend whose alignment is below min_block_size.
+  // backend whose alignment is not a power of two (Note [Block alignment]).
   static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(const AllocatorConfig& config,
                                                                   DeviceMemoryBackend* backend);
   // Returns every segment to the backend. Blocks still allocated are released with their segment

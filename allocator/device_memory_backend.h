@@ -25,7 +25,8 @@ class DeviceMemoryBackend {
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   // Returns memory obtained from Allocate with the same size. Must not fail.
   virtual void Free(void* ptr, size_t bytes) = 0;
-  // Alignment guaranteed by Allocate; the allocator needs at least its min_block_size.
+  // Alignment guaranteed by Allocate, a power of two; blocks are aligned to the smaller of it
+  // and min_block_size (Note [Block alignment]).
   virtual size_t MinAlignment() const = 0;
 
   // Records an event on `stream` capturing all work queued on it so far (cudaEventRecord).

@@ -993,6 +993,15 @@ def rerender(path):
     return 0
 
 
+def write_json(path, command, info, a, results, wall, runner):
+    info["load_average_end"] = os.getloadavg()
+    info["processes"] = runner.processes
+    info["wall_seconds"] = wall
+    with open(path, "w") as f:
+        json.dump({"command": command, "machine": info, "settings": dict(vars(a)), "models": results}, f, indent=1,
+                  default=str)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
@@ -1025,16 +1034,15 @@ def main(argv=None):
                 res["errors"].append(str(e))
                 log(f"{name}: simulation failed:\n{e}")
         results.append(res)
-        plot(os.path.join(a.out, f"{a.device}_{name}.png"), res, a)
+        # Written after every model, so a sweep stopped by a time limit keeps what it measured.
+        write_json(os.path.join(a.out, f"{a.device}.json"), command, info, a, results, time.time() - t0, runner)
+        try:
+            plot(os.path.join(a.out, f"{a.device}_{name}.png"), res, a)
+        except ImportError as e:  # a GPU machine without matplotlib: plot later with --rerender
+            log(f"{name}: no plot ({e}); rerender elsewhere with --rerender {a.device}.json")
         log(f"{name}: done ({(time.time() - t0) / 60:.1f} min so far)")
     wall = time.time() - t0
-    info["load_average_end"] = os.getloadavg()
-    info["processes"] = runner.processes
-    info["wall_seconds"] = wall
-    settings = {k: v for k, v in vars(a).items()}
-    with open(os.path.join(a.out, f"{a.device}.json"), "w") as f:
-        json.dump({"command": command, "machine": info, "settings": settings, "models": results}, f, indent=1,
-                  default=str)
+    write_json(os.path.join(a.out, f"{a.device}.json"), command, info, a, results, wall, runner)
     write_markdown(os.path.join(a.out, f"{a.device}.md"), results, a, info, wall, command)
     bad = [(r["name"], h, p["ratio"]) for r in results for h, pts in r.get("sweeps", {}).items() for p in pts
            if not p["identical"]]

@@ -357,8 +357,12 @@ void Engine::DrainDeferredSlots() {
     slots.swap(deferred_slots_);
   }
   for (Slot* s : slots) {
+    // Read s before OnSlotDeletedLocked: once it keeps a resident slot, it may drain deaths at
+    // once, and the runtime may release the dead storage, freeing the block whose header s is
+    // (a large block's segment is unmapped: Note [Large host segments are mapped]).
+    const bool tombstone = s->mem == nullptr;
     const bool kept = s->entry != nullptr && OnSlotDeletedLocked(s);
-    if (s->mem == nullptr) {
+    if (tombstone) {
       delete s;  // a tombstone: as TombDeleter would have
     } else if (!kept) {
       FreeSlot(s);

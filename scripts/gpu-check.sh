@@ -10,8 +10,11 @@
 #   5. with 2 or more GPUs, a 2-process NCCL DDP job (tests/hooks/dist_train.py) plain and under
 #      dtr at 0.8 of each rank's peak: losses and weights must match (skipped, saying so, with one);
 #   6. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
-# Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5); GPU_CHECK_PYTEST=0
-# skips step 3.
+#   7. with time left before the deadline, the benchmark sweep on CUDA (bench/sweep.py --device
+#      cuda --no-sim: the benchmark models at 1.0/0.5/0.3 of their peak), its JSON in $OUT/bench.
+# Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5). GPU_CHECK_PYTEST=0
+# skips step 3, GPU_CHECK_CXX=0 step 2; GPU_CHECK_SECONDS (default 520) is the deadline of the
+# whole check, from its start: the sweeps get what is left, never more than their own limits.
 # Prepare at home, once:
 #   mkdir -p .git/info && bash ../shared/gpu/fetch-deps.sh   (abseil/GoogleTest debs into .gpu-deps/)
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu-deps/wheels \
@@ -57,6 +60,10 @@ if [ "${1:-}" = "--dry-run" ]; then
 fi
 
 echo "# gpu-check ($(date -u +%FT%TZ))" > "$report"
+deadline=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-520} ))
+# Seconds a step may take: its own limit, or what is left before the deadline (minus a margin
+# for the report), whichever is less; at least 1 (timeout 0 would mean no limit).
+left() { local l=$(( deadline - $(date +%s) - 15 )); [ "$l" -lt "$1" ] && echo $(( l > 1 ? l : 1 )) || echo "$1"; }
 source .gpu-deps/env.sh
 # dtr refuses unknown DTR_* variables (a typo must not run without its budget): keep env.sh's
 # prefix under another name.
@@ -82,22 +89,26 @@ print(f"DispatchKey::Fake = {k}; Python = {int(torch._C.DispatchKey.Python)}: Fa
       f"fallback on Fake before dtr: {torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey(k))}")
 PY
 "$py" -m dtr --info | tee -a "$report"
-step "2. CUDA adapter C++ tests; dtr-sim for the trace test"
-cmake -G Ninja -S . -B build-gpu -DDTR_PYTHON="$py" -DDTR_BUILD_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$deps_prefix" >/dev/null
-ninja -C build-gpu dtr-sim dtr-chain cuda_allocator_test >/dev/null
 set +e
-build-gpu/bin/cuda_allocator_test --gtest_brief=1 && result "passed" || result "FAILED"
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck build-gpu/bin/cuda_allocator_test --gtest_brief=1 >/dev/null 2>&1 \
-    && result "memcheck clean" || result "memcheck FAILED"
+step "2. CUDA adapter C++ tests; dtr-sim for the trace test"
+if [ "${GPU_CHECK_CXX:-1}" = 1 ]; then
+  cmake -G Ninja -S . -B build-gpu -DDTR_PYTHON="$py" -DDTR_BUILD_BENCH=OFF \
+    -DCMAKE_PREFIX_PATH="$deps_prefix" >/dev/null
+  ninja -C build-gpu dtr-sim dtr-chain cuda_allocator_test >/dev/null
+  build-gpu/bin/cuda_allocator_test --gtest_brief=1 && result "passed" || result "FAILED"
+  if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck build-gpu/bin/cuda_allocator_test --gtest_brief=1 >/dev/null 2>&1 \
+      && result "memcheck clean" || result "memcheck FAILED"
+  fi
+else
+  result "skipped (GPU_CHECK_CXX=0)"
 fi
 step "3. pytest (CPU paths of the torch integration)"
 [ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout 180 "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
   --junitxml="$out/pytest.xml" tests/hooks tests/python "$@" && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0)"
 for backend in native dtr; do
   step "4. budget sweep on CUDA, DTR_CUDA_ALLOCATOR=$backend"
-  timeout 150 "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
+  timeout $(left 150) "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
     --out "$out/$backend" --steps 20 --warmup 5 && result "ran" || result "FAILED or timed out"
   cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
 done
@@ -119,6 +130,16 @@ for x, y in zip(a, b):
 PY
 else
   result "skipped: $ngpu GPU(s), the check needs 2"
+fi
+step "7. benchmark sweep on CUDA (bench/sweep.py, real runs only)"
+t=$(left 400)
+if [ "$t" -ge 60 ]; then
+  timeout "$t" "$py" bench/sweep.py --device cuda --no-sim --no-refine --heuristics dtr-eq \
+    --models "${GPU_CHECK_MODELS:-transformer,resnet,lstm,treelstm,unet}" --ratios 1.0,0.5,0.3 \
+    --warmup 2 --steps 5 --out "$out/bench" --build build-gpu && result "ran" || result "FAILED or timed out"
+  cat "$out/bench/cuda.md" >> "$report" 2>/dev/null
+else
+  result "skipped: $t s left before the deadline"
 fi
 set -e
 step "6. report: $report"

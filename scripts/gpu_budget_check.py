@@ -19,6 +19,7 @@ import sys
 import time
 
 MODELS = ("convnet", "transformer")
+FAILURES = "failures"  # where the output of failed runs goes (under --out)
 
 
 def build(name, torch):
@@ -94,6 +95,11 @@ def run(model, steps, warmup, budget=None, dtr=True, cuda_allocator="native", ev
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     wall = time.time() - t0
     if p.returncode != 0:
+        # The whole output of a failed run, for the report's reader (the table keeps 3 lines).
+        os.makedirs(FAILURES, exist_ok=True)
+        name = f"{model}-{'dtr' if dtr else 'plain'}-{cuda_allocator}-{budget or 'unbudgeted'}{'' if evict else '-noevict'}"
+        with open(os.path.join(FAILURES, name + ".log"), "w") as f:
+            f.write(" ".join(cmd) + f"\nexit {p.returncode}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}")
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
         oom = "OutOfMemoryError" in p.stderr or "out of memory" in p.stderr
         return {"ok": False, "oom": oom, "error": " | ".join(tail), "wall_s": wall}
@@ -103,8 +109,10 @@ def run(model, steps, warmup, budget=None, dtr=True, cuda_allocator="native", ev
 
 
 def sweep(args):
+    global FAILURES
+    FAILURES = os.path.join(args.out, "failures")
     rows, report = [], {}
-    for model in MODELS:
+    for model in args.models:
         plain = run(model, args.steps, args.warmup, dtr=False)
         ref = run(model, args.steps, args.warmup, dtr=True, cuda_allocator=args.cuda_allocator)
         report[model] = {"plain": plain, "dtr_unbudgeted": ref, "budgets": []}
@@ -150,6 +158,7 @@ def sweep(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", choices=MODELS)
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.9, 0.7, 0.5])

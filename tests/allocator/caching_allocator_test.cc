@@ -58,8 +58,24 @@ TEST(CachingAllocatorTest, CreateRejectsBadConfigAndBackend) {
   bad.min_block_size = 300;
   EXPECT_FALSE(CachingAllocator::Create(bad, &backend).ok());
   EXPECT_FALSE(CachingAllocator::Create(AllocatorConfig{}, nullptr).ok());
-  FakeBackend coarse(SIZE_MAX, /*alignment=*/256);
-  EXPECT_FALSE(CachingAllocator::Create(AllocatorConfig{}, &coarse).ok());
+  FakeBackend odd(SIZE_MAX, /*alignment=*/384);
+  EXPECT_FALSE(CachingAllocator::Create(AllocatorConfig{}, &odd).ok());
+}
+
+// Note [Block alignment]: cudaMalloc's 256-byte promise is below min_block_size (512); every
+// block is then 256-aligned, and sizes still round to min_block_size.
+TEST(CachingAllocatorTest, BackendAlignedBelowMinBlockSizeGivesBlocksItsAlignment) {
+  FakeBackend cuda_like(SIZE_MAX, /*alignment=*/256, /*base=*/FakeBackend::kBaseAddress + 256);
+  auto allocator = MakeAllocator(AllocatorConfig{}, &cuda_like);
+  std::vector<void*> blocks;
+  for (size_t bytes : {1, 700, 5000, 1 << 20, 3 << 20}) {
+    void* p = *allocator->Allocate(bytes);
+    EXPECT_EQ(Addr(p) % 256, 0u) << bytes;
+    EXPECT_EQ(*allocator->BlockSize(p) % 512, 0u) << bytes;
+    blocks.push_back(p);
+  }
+  for (void* p : blocks) ASSERT_TRUE(allocator->Free(p).ok());
+  EXPECT_TRUE(allocator->CheckInvariants().ok());
 }
 
 TEST(CachingAllocatorTest, SmallRequestsAreRoundedAndShareASmallSegment) {

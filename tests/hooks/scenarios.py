@@ -308,11 +308,42 @@ def replaced_memory():
     return {"y": dg(y), "z": dg(z), "w": dg(w)}
 
 
+def deaths_while_locked():
+    """Tensors die on one thread while another thread is inside an op (holding dtr's lock): their
+    deleters hand the memory over and the op's thread releases it (Note [Deleters never wait]).
+    Under a budget, so freed segments go back to the system at once and a use of a released
+    slot faults instead of reading stale memory. Blocks are 256 KiB: mapped segments."""
+    torch.manual_seed(5)
+    a = torch.randn(256, 256)
+    ys = [a.exp() for _ in range(4)]
+    if DTR:
+        torch.ops.dtr.set_budget(1 << 40)
+    stop = threading.Event()
+
+    def hold():
+        while not stop.is_set():
+            (a @ a).sum()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    sums = []
+    try:
+        for _ in range(3000):
+            x = torch.randn(256, 256) * 2  # a recorded output and a recorded temporary, both dying here
+            sums.append(float(x.sum()))
+            del x
+    finally:
+        stop.set()
+        t.join()
+    evict_all()
+    return {"sums": dg(torch.tensor(sums)), "ys": [dg(y) for y in ys]}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
-                 replaced_memory=replaced_memory)
+                 replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked)
 
 if __name__ == "__main__":
     import os
