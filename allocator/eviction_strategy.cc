@@ -2,6 +2,7 @@
 #include "allocator/eviction_strategy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace dtr::alloc {
@@ -59,6 +60,9 @@ EvictionResult FragmentationAwareEvictionStrategy::Evict(
   // One victim that is enough on its own, merged with the free space around it: the first such in
   // score order has the lowest score.
   for (auto it = candidates.begin(); it != candidates.end(); ++it) {
+    // An infinite score marks a victim of last resort (Note [Results awaiting their reader],
+    // runtime.cc): never chosen here, only by score order once the others are gone.
+    if (std::isinf(it->score)) break;
     if (!allocator.WouldSatisfyIfFreed(it->ptr, request)) continue;
     const EvictionCandidate chosen = *it;
     candidates.erase(it);

@@ -318,7 +318,39 @@ void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
 // ---------------------------------------------------------------------------------------------
 // Allocation
 
+// Note [Recovered out-of-memory errors]
+// Some callers catch an out-of-memory error and carry on another way: cuDNN, when a plan's
+// workspace cannot be allocated, runs the next plan, and keeps it for that shape. Under a budget
+// that can make a run take another (deterministic) algorithm than the same run without dtr, so
+// results differ in the last bits, silently: the conv net trained at 0.5 of its peak on an H200
+// with losses off in the 7th digit from the second step. When a thread that was just given an
+// out-of-memory error allocates again, the error was caught: it is counted (stats:
+// recovered_ooms) and reported once on stderr, naming the size, so the user knows the budget is
+// the cause and how much more would avoid it.
+namespace {
+// The last error this thread raised, if any, and the adapter that raised it.
+thread_local size_t t_unrecovered_oom_bytes = 0;
+thread_local uint64_t t_unrecovered_oom_adapter = 0;  // its oom_id_ (addresses get reused)
+std::atomic<uint64_t> g_next_adapter_id{1};
+}  // namespace
+
+uint64_t CudaAllocatorAdapter::NextOomId() { return g_next_adapter_id.fetch_add(1); }
+
+void CudaAllocatorAdapter::NoteRecoveredOom(size_t n) {
+  if (recovered_ooms_.fetch_add(1, std::memory_order_relaxed) == 0)
+    std::fprintf(stderr,
+                 "dtr: warning: an out-of-memory error dtr raised under DTR_BUDGET=%s (a request of %s) was caught "
+                 "and the program went on: cuDNN and cuBLAS then use an algorithm with less workspace, so results "
+                 "may differ from a run without dtr in the last bits. A budget larger by that much avoids it "
+                 "(counted in stats as recovered_ooms).\n",
+                 budget_.ToString().c_str(), FormatBytes(n).c_str());
+}
+
 c10::DataPtr CudaAllocatorAdapter::allocate(size_t n) {
+  if (t_unrecovered_oom_bytes != 0) {
+    if (t_unrecovered_oom_adapter == oom_id_) NoteRecoveredOom(t_unrecovered_oom_bytes);
+    t_unrecovered_oom_bytes = 0;
+  }
   const c10::DeviceIndex dev = platform_.current_device();
   Device& d = DeviceState(dev);
   c10::DataPtr native_dp;
@@ -405,6 +437,8 @@ void* CudaAllocatorAdapter::AllocateDtr(Device& d, size_t n, cudaStream_t stream
 }
 
 void CudaAllocatorAdapter::ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why) {
+  t_unrecovered_oom_bytes = std::max<size_t>(n, 1);  // Note [Recovered out-of-memory errors]
+  t_unrecovered_oom_adapter = oom_id_;
   std::string account;
   if (CudaEvictor* ev = evictor()) account = absl::StrCat(" dtr: ", ev->Breakdown(), ".");
   TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: CUDA out of memory on ", DeviceName(device), " under DTR_BUDGET=",

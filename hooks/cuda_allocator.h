@@ -102,6 +102,9 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
 
   void set_evictor(CudaEvictor* e) { evictor_.store(e, std::memory_order_release); }
   CudaBackendKind backend() const { return opts_.backend; }
+  // Note [Recovered out-of-memory errors] (cuda_allocator.cc): out-of-memory errors dtr raised
+  // that the caller caught and went on from.
+  int64_t recovered_ooms() const { return recovered_ooms_.load(std::memory_order_relaxed); }
   const Options& options() const { return opts_; }
   // Changes the budget (bytes; <= 0: unlimited) on every device; the engine evicts first.
   absl::Status SetBudgetBytes(int64_t bytes);
@@ -218,6 +221,10 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   c10::DataPtr AllocateNative(Device& d, size_t n);
   void* AllocateDtr(Device& d, size_t n, cudaStream_t stream);
   [[noreturn]] void ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why);
+  void NoteRecoveredOom(size_t n);
+  static uint64_t NextOomId();
+  const uint64_t oom_id_ = NextOomId();
+  std::atomic<int64_t> recovered_ooms_{0};
   void ApplyNativeFraction(Device& d);
   cca::CUDAAllocator& native() const;
   [[noreturn]] void Refuse(const char* what) const;

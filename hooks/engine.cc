@@ -308,7 +308,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     e->ours = true;
     e->slot = s;
     s->entry = e;
-    TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
+    if (tracing()) TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
     return e;
   }
   auto it = foreign_.find(impl);
@@ -328,7 +328,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
   if (!e->external) e->foreign = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
   e->foreign_key = impl;
   foreign_[impl] = e;
-  TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
+  if (tracing()) TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
   return e;
 }
 
@@ -421,7 +421,7 @@ void Engine::DrainDeaths() {
     d.swap(deaths_);
     Busy b(this);
     for (Entry* e : d) {
-      TraceLine(absl::StrCat("release ", TName(e)));
+      if (tracing()) TraceLine(absl::StrCat("release ", TName(e)));
       if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
         // Note [Memory read outside the dispatcher]: the pin lasts as long as the storage.
         (void)rt_->Unpin(e->sid);
@@ -505,15 +505,13 @@ void Engine::ForgetForeign(Entry* e, bool report_death) {
 
 absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span<const bool> keep) {
   ReplayRecord& rr = *reinterpret_cast<ReplayRecord*>(oprec.handle);
+  if (CaptureUnderway())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dtr: ", oprec.name, " must be rematerialized during CUDA graph capture, which dtr never does (Note [No replay "
+        "during graph capture]); pin the tensors a captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
+        "before capturing"));
   // Deep-copy lists so the record's placeholders are never mutated.
   std::vector<c10::IValue> args = CopyArgs(rr.args.data(), rr.args.data() + rr.args.size());
-  for (const TensorArg& ta : rr.tensors) {
-    Entry* e = FindEntry(ta.sid);
-    c10::intrusive_ptr<c10::StorageImpl> impl = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
-    if (!impl || (impl->nbytes() > 0 && impl->data_ptr().get() == nullptr))
-      return absl::InternalError(absl::StrCat("dtr: replay of ", oprec.name, ": input storage not resident"));
-    PutAt(args, ta.path, MakeTensor(impl, ta.meta), ta.is_optional_list);
-  }
   if (rr.gen) args[rr.gen_arg] = c10::IValue(rr.gen->clone());
   // Recorded ops ran below autocast (they are already cast): a replay inside an autocast region
   // must not cast them again.
@@ -522,11 +520,23 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
                                                             c10::DispatchKey::PythonTLSSnapshot}));
   // Note [Python numbers are kept by value]: made here, below dtr's key, so never recorded.
   for (const ScalarArg& sa : rr.scalars) PutAt(args, sa.path, sa.Make(), sa.is_optional_list);
-  if (CaptureUnderway())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dtr: ", oprec.name, " must be rematerialized during CUDA graph capture, which dtr never does (Note [No replay "
-        "during graph capture]); pin the tensors a captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
-        "before capturing"));
+  if (oprec.overwrites) {
+    // Note [Overwriting in-place ops] (op_classification.cc): the storage comes back as fresh
+    // memory, which the op then fills.
+    Entry* e = FindEntry(oprec.outputs[0]);
+    c10::intrusive_ptr<c10::StorageImpl> target = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
+    if (!target) return absl::InternalError("dtr: replay target storage is gone");
+    at::Tensor fresh = at::empty({int64_t(oprec.output_sizes[0])},
+                                 at::TensorOptions().dtype(at::kByte).device(target->device()));
+    AdoptMemory(e, target.get(), fresh.storage().unsafeGetStorageImpl());
+  }
+  for (const TensorArg& ta : rr.tensors) {
+    Entry* e = FindEntry(ta.sid);
+    c10::intrusive_ptr<c10::StorageImpl> impl = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
+    if (!impl || (impl->nbytes() > 0 && impl->data_ptr().get() == nullptr))
+      return absl::InternalError(absl::StrCat("dtr: replay of ", oprec.name, ": input storage not resident"));
+    PutAt(args, ta.path, MakeTensor(impl, ta.meta), ta.is_optional_list);
+  }
   c10::optional<at::Generator> saved_default;
   at::Generator def = DefaultGenerator(rr.gen_device);
   if (rr.default_gen) {
@@ -603,19 +613,22 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
       out = laid_out;
       ++relayouts_;
     }
-    c10::StorageImpl* oimpl = out.storage().unsafeGetStorageImpl();
     Entry* e = FindEntry(oprec.outputs[i]);
     if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
     c10::intrusive_ptr<c10::StorageImpl> target = e->impl();
     if (!target) return absl::InternalError("dtr: replay target storage is gone");
-    c10::DataPtr dp = oimpl->set_data_ptr(c10::DataPtr(nullptr, out.device()));
-    Slot* ns = SlotOf(dp);
-    ns->entry = e;
-    if (e->slot) e->slot->entry = nullptr;  // the tombstone
-    e->slot = ns;
-    target->set_data_ptr_noswap(std::move(dp));
+    AdoptMemory(e, target.get(), out.storage().unsafeGetStorageImpl());
   }
   return cost;
+}
+
+void Engine::AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* from) {
+  c10::DataPtr dp = from->set_data_ptr(c10::DataPtr(nullptr, from->device()));
+  Slot* ns = SlotOf(dp);
+  ns->entry = e;
+  if (e->slot) e->slot->entry = nullptr;  // the tombstone
+  e->slot = ns;
+  target->set_data_ptr_noswap(std::move(dp));
 }
 
 alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,
@@ -770,6 +783,7 @@ Engine::MemoryCounters Engine::Counters() {
       m.ooms += s.num_ooms;
       if (alloc::CachingAllocator* a = cuda_->DtrAllocatorOf(d)) m.eviction_calls += a->GetStats().num_eviction_calls;
     }
+    m.recovered_ooms = cuda_->recovered_ooms();
     return m;
   }
 #endif
@@ -803,7 +817,7 @@ std::string Engine::StatsJson() {
       ",\"unevictable_bytes\":{\"constant\":", by.constant, ",\"exposed\":", by.exposed, ",\"external\":",
       by.external, ",\"pinned\":", by.pinned, ",\"locked\":", by.locked, ",\"untracked\":", by.untracked, "}",
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
-      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms,
+      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
       ",\"runtime\":", rs.ToJson(), "}");
 }
 

@@ -110,6 +110,8 @@ class Engine final : public ReplayBackend,
 
   // ---------------- ReplayBackend ----------------
   absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override;
+  // Moves the memory of `from` (ours, just allocated by a replay) into e's storage `target`.
+  void AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* from);
   void Release(StorageId id, const StorageRecord& storage, bool permanently) override;
   void OnOpDropped(OpId id, const OpRecord& op) override {
     delete reinterpret_cast<ReplayRecord*>(op.handle);
@@ -151,7 +153,8 @@ class Engine final : public ReplayBackend,
   MemoryByReason ByReason();
   // allocated and reserved bytes (current, peak) of the managed device memory.
   struct MemoryCounters {
-    int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0;
+    int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0,
+            recovered_ooms = 0;
   };
   MemoryCounters Counters();
   size_t PinnedBytes() const override {
@@ -205,10 +208,21 @@ class Engine final : public ReplayBackend,
            (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) && t.layout() == c10::kStrided &&
            !t.is_quantized() && !t.is_nested();
   }
-  // Managing CUDA memory: Python numbers that became CPU tensors (x * 0.5) are constant inputs
-  // of the ops that read them (they are fresh and never written, so replaying with them is exact).
-  bool IsScalarOperand(const at::Tensor& t) const {
-    return managed_ == ManagedDevice::kCuda && t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number();
+  // Note [Host operands of CUDA ops]: managing CUDA memory, a dense CPU tensor an op reads or
+  // returns is not dtr's memory. Read (and not written), it is kept by value in the record when
+  // small: Python numbers that became CPU tensors (x * 0.5), the Philox seed and offset that
+  // efficient and flash attention return on the host and their backward reads. Returned, it is
+  // left to the program: a replay recomputes it and drops it. Either way the op stays
+  // recordable; before, such an op ran unrecorded and its CUDA outputs became constants (every
+  // attention output and gradient of a Transformer).
+  static constexpr size_t kHostOperandMaxBytes = 256;
+  bool IsHostTensor(const at::Tensor& t) const {
+    return managed_ == ManagedDevice::kCuda && t.is_cpu() && t.has_storage() && t.layout() == c10::kStrided &&
+           !t.key_set().has(c10::DispatchKey::Python) && !t.is_quantized() && !t.is_nested();
+  }
+  bool IsHostOperand(const at::Tensor& t) const {
+    return IsHostTensor(t) && (t.unsafeGetTensorImpl()->is_wrapped_number() ||
+                               size_t(t.numel()) * t.element_size() <= kHostOperandMaxBytes);
   }
   // Whether an op's arguments hold a CUDA tensor or a CUDA device.
   static bool TouchesCuda(const c10::IValue* args, size_t n) {
@@ -281,6 +295,8 @@ class Engine final : public ReplayBackend,
   }
   void Sweep();
   void Check(const absl::Status& s, const char* what);
+  // Callers test tracing() first: building the line costs more than most ops' bookkeeping.
+  bool tracing() const { return trace_.is_open(); }
   void TraceLine(const std::string& s) {
     if (trace_.is_open()) trace_ << s << '\n';
   }

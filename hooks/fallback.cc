@@ -136,8 +136,15 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // h would read unallocated memory): they are pinned for the op's duration. Its outputs become
   // constants when first used.
   bool unmanaged = false;
-  ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-    if (!Manageable(t) && !IsScalarOperand(t)) unmanaged = true;
+  auto written_arg = [&](const Path& p) {
+    return info.write_all || std::find(info.write_args.begin(), info.write_args.end(), p.index) != info.write_args.end();
+  };
+  // Note [Host operands of CUDA ops] (engine.h).
+  auto by_value = [&](const Path& p, const at::Tensor& t) {
+    return !written_arg(p) && (ScalarArg::Applies(t) || IsHostOperand(t));
+  };
+  ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool) {
+    if (!Manageable(t) && !by_value(p, t)) unmanaged = true;
   });
   if (unmanaged) {
     Busy busy(this);
@@ -178,10 +185,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // or batch norm statistics whose layout the replay would not pass (below).
   bool unrecordable_inputs = false;
   std::vector<ScalarArg> scalar_args;  // Note [Python numbers are kept by value]
+  bool covers_storage = false;
+  c10::Device written_device(c10::DeviceType::CPU);
   ForEachTensor(stack->data() + base, nargs, [&](Path p, const at::Tensor& t, bool optl) {
-    if (ScalarArg::Applies(t) && !info.write_all &&
-        std::find(info.write_args.begin(), info.write_args.end(), p.index) == info.write_args.end()) {
-      scalar_args.push_back(ScalarArg{p, t.item(), t.scalar_type(), t.device(), optl});
+    if (by_value(p, t)) {
+      scalar_args.push_back(ScalarArg::Of(p, t, optl));
       return;
     }
     if (bn_training && (p.index == 3 || p.index == 4)) {
@@ -203,7 +211,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     bool w = info.write_all;
     for (int wa : info.write_args)
       if (wa == p.index) w = true;
-    if (w) written.push_back(e->sid);
+    if (w) {
+      written.push_back(e->sid);
+      // Note [Overwriting in-place ops]: only when self is all of its storage, which is dtr's
+      // memory (rule 3: only that is ever released, so only that can be evicted).
+      covers_storage = e->ours && t.is_non_overlapping_and_dense() && t.storage_offset() == 0 &&
+                       size_t(t.numel()) * t.element_size() == t.storage().nbytes();
+      written_device = t.device();
+    }
   });
 
   auto trace_ins = [&] {
@@ -218,14 +233,29 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
     ReplayRecord* rr = nullptr;
-    if (info.replayable && !unrecordable_inputs) {
+    // Rule 6: a random op's record needs the generator state it drew from.
+    if (info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6))) {
       rr = new ReplayRecord(op);
       RecordOperands(rr, *stack, base, targs, scalar_args);
+      if (info.gen_arg >= 0) {
+        rr->gen_arg = info.gen_arg;
+        rr->gen_device = written_device.is_cuda() ? written_device : c10::Device(c10::DeviceType::CPU);
+        if (rr->gen_device.is_cuda() && !rr->gen_device.has_index())
+          rr->gen_device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
+        const c10::IValue& g = (*stack)[base + info.gen_arg];
+        at::Generator gen = g.isNone() ? DefaultGenerator(rr->gen_device) : g.toGenerator();
+        std::lock_guard<std::mutex> gl(gen.mutex());
+        rr->gen = gen.clone();
+      }
     }
     double cost = 0;
     std::exception_ptr err;
-    Runtime::MutateCall mc{info.name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
+    const bool replayable = rr != nullptr;
+    Runtime::MutateCall mc{info.name, in_sids, written, replayable, reinterpret_cast<uint64_t>(rr)};
     mc.invalidate_readers = cfg_.rule_enabled(2);
+    // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
+    mc.overwrites = info.overwrites && covers_storage && written.size() == 1 &&
+                    std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
     absl::Status s = rt_->Mutate(mc, [&]() -> absl::StatusOr<double> {
       try {
         cost = timed_pass();
@@ -250,11 +280,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                       rt_->op(r->recipe.back())->handle == reinterpret_cast<uint64_t>(rr);
       if (!recorded) delete rr;
     }
-    {
+    if (tracing()) {
       std::string outs;
       for (StorageId w : written)
         if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
-      TraceLine(absl::StrCat("mutate ", info.name, " ", int64_t(cost), trace_ins(), " ->", outs));
+      // Note [Trace format v1]: how the runtime recorded it.
+      const char* kind = !replayable ? "mutate-opaque " : mc.overwrites ? "overwrite " : "mutate ";
+      TraceLine(absl::StrCat(kind, info.name, " ", int64_t(cost), trace_ins(), " ->", outs));
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
@@ -275,7 +307,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
     } else {
-      TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     }
     return;
   }
@@ -355,7 +387,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
     it->second.seeded_no_gen = true;
     delete rr;
-    TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
 
@@ -370,6 +402,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   bool views_of_inputs = nret > 0;
   bool hidden_alias = false;
   ForEachTensor(stack->data() + rbase, nret, [&](Path p, const at::Tensor& t, bool) {
+    if (IsHostTensor(t)) {
+      // Note [Host operands of CUDA ops]: the program's, not ours; a replay drops it.
+      views_of_inputs = false;
+      return;
+    }
     if (!Manageable(t)) {
       // A sparse, quantized or nested output may hold an input's storage inside it without
       // the schema saying so (sparse_coo_tensor keeps its values tensor): see below.
@@ -417,7 +454,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;
-    TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
   rr->outputs = outs;
@@ -443,9 +480,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     s->entry = e;
     e->slot = s;
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
-    absl::StrAppend(&trace_outs, " ", TName(e), ":", outs[i].nbytes);
+    if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", outs[i].nbytes);
   }
-  TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
+  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
 }
 
 void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,
@@ -459,7 +496,7 @@ void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*
   Runtime::MutateCall mc{name, {}, ids, false, 0};
   mc.invalidate_readers = invalidate_readers;
   Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), op);
-  TraceLine(absl::StrCat("mutate ", name, " 0", names, " ->", names));
+  if (tracing()) TraceLine(absl::StrCat("mutate-opaque ", name, " 0", names, " ->", names));
 }
 
 namespace {

@@ -30,6 +30,9 @@ struct OpInfo {
   bool write_all = false;  // non-aten op with tensor args: treat every tensor input as written
   int gen_arg = -1;
   bool seeded_no_gen = false;
+  // Note [Overwriting in-place ops] (op_classification.cc): writes every element of its single
+  // written tensor without reading it (fill_, zero_, bernoulli_, uniform_, normal_, ...).
+  bool overwrites = false;
   std::string name;
 };
 

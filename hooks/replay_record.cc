@@ -108,7 +108,15 @@ at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const Te
   return t;
 }
 
+ScalarArg ScalarArg::Of(Path p, const at::Tensor& t, bool optional_list) {
+  ScalarArg sa{p, c10::Scalar(), t.scalar_type(), t.device(), optional_list};
+  if (Applies(t)) sa.value = t.item();
+  else sa.host_copy = t.detach().clone();
+  return sa;
+}
+
 at::Tensor ScalarArg::Make() const {
+  if (host_copy.defined()) return host_copy.clone();
   at::Tensor t = at::scalar_tensor(value, at::TensorOptions().dtype(dtype).device(device));
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;

@@ -59,9 +59,13 @@ struct ScalarArg {
   c10::ScalarType dtype = c10::ScalarType::Double;
   c10::Device device{c10::DeviceType::CPU};
   bool is_optional_list = false;
+  // Note [Host operands of CUDA ops] (engine.h): a small host tensor that is not a Python number
+  // is kept as a private copy (its shape and dtype matter), made fresh for each replay.
+  at::Tensor host_copy;
   static bool Applies(const at::Tensor& t) {
     return t.unsafeGetTensorImpl()->is_wrapped_number() && t.numel() == 1 && t.is_cpu();
   }
+  static ScalarArg Of(Path p, const at::Tensor& t, bool optional_list);
   at::Tensor Make() const;
 };
 

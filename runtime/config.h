@@ -36,7 +36,7 @@ struct RuntimeConfig {
   SearchMode search = SearchMode::kSampled;
   // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates.
   double sample_factor = 1.0;
-  uint32_t min_samples = 8;
+  uint32_t min_samples = 32;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;

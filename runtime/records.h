@@ -60,6 +60,9 @@ struct OpRecord {
   double cost = 0;
   uint64_t handle = 0;      // opaque to the runtime: the backend's replay handle
   bool in_place = false;    // mutates outputs[0] (a recipe continuation) instead of creating it
+  // In place, but writes all of outputs[0] without reading it: first in its recipe, and its replay
+  // starts from fresh memory (Runtime::MutateCall::overwrites).
+  bool overwrites = false;
   uint32_t recipe_users = 0;  // live storages whose recipe contains this op
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -23,14 +24,22 @@ namespace dtr {
 // Note [Mutation]
 // An in-place op changes a storage that earlier ops read, so (design rules 1 and 2) before it
 // runs, no live recipe may read the old contents any more. Walking downstream from the mutated
-// storage: a resident reader is detached (frozen as a constant, its contents are right); an
-// evicted reader the program still holds is brought back first and then detached; an evicted
-// reader nobody holds is abandoned, and the walk continues into its own readers, since they
-// can no longer bring it back. Abandoned storages end up with no readers and are collected, so
-// an optimizer step that updates parameters in place drops the previous step's graph instead of
-// recomputing it. Afterwards the mutated storage keeps its recipe with the in-place op appended
-// (replaying the recipe rebuilds the new contents) if the op is replayable and mutates exactly
-// one storage; otherwise it becomes a constant.
+// storage: a resident reader the program holds (or an op in progress uses) is detached (frozen
+// as a constant, its contents are right); an evicted reader the program holds is brought back
+// first and then detached; a reader nobody holds is abandoned, resident or evicted, and the
+// walk continues into its own readers, since they can no longer bring it back. Abandoned
+// storages end up with no readers and are collected, so an optimizer step that updates
+// parameters in place drops the previous step's graph instead of recomputing it. (Freezing a
+// dead resident reader instead kept it as a constant for as long as some dependent's recipe
+// read it: 22 dead 64 KiB activations of the 64-layer chain at its optimizer step.) The held
+// evicted readers are brought back one at a time, shallowest replay depth first (a gradient
+// near the loss before the ones behind it), and each is frozen as soon as it is back, so
+// bringing back the next cannot evict it again; since that may evict a resident reader, the
+// walk repeats until nothing is left to bring back. Afterwards the mutated storage keeps its
+// recipe with the in-place op appended (replaying the recipe rebuilds the new contents) if the
+// op is replayable and mutates exactly one storage; otherwise it becomes a constant. An op that
+// overwrites all of its storage without reading it (MutateCall::overwrites: a dropout mask's
+// bernoulli_) starts the recipe afresh instead, so a constant it fills becomes rematerializable.
 //
 // Note [Evictable pool]
 // pool_ holds exactly the storages that are resident, rematerializable, unpinned and of nonzero
@@ -80,6 +89,18 @@ namespace dtr {
 // lowered when an ancestor later becomes a constant, so the cut may come early, never late.
 // Within a training step chains are as long as the model is deep; the default limit (1000)
 // freezes about one storage in a thousand along the longest path.
+//
+// Note [Results awaiting their reader]
+// A storage the program holds that no live recipe reads yet is a result waiting for the
+// program: a parameter's gradient between the backward pass and the optimizer step, a loss, an
+// output kept for later. Evicting one saves its bytes only until that read, and bringing it back
+// replays the whole chain behind it (a gradient's is the backward pass up to its layer, whose
+// intermediates are long dead) with that chain's inputs locked; an in-place parameter update
+// must bring every evicted gradient back first (Note [Mutation]). In traces of the benchmark
+// models this was the cliff: the 64-layer chain went from 1.53x at 0.5 of its activations to out
+// of memory at 0.4, and trained down to 0.1 at 3x once gradients were kept. So such storages
+// are victims of last resort: chosen only when nothing else is evictable (they stay in the pool,
+// so a budget that needs them still trains).
 //
 // Note [Thrashing]
 // Each rematerialization adds one to the storage's recent_remats, which halves every
@@ -136,6 +157,20 @@ void Runtime::UpdatePeak(uint64_t transient) {
   stats_.peak_memory_bytes = std::max(stats_.peak_memory_bytes, memory_ + transient);
 }
 
+// Note [Memory floor]
+// While an op runs, its inputs and outputs must be resident, and so must everything no eviction
+// can free (constants, pins). Their sum at the worst op is a budget below which this run cannot
+// go whatever the heuristic does (given which storages the program made constants): dtr-sim
+// reports it next to the smallest budget that trained, to tell a weak policy from a hard limit.
+void Runtime::NoteFloor(const InputList& inputs, uint64_t out_bytes) {
+  uint64_t floor = memory_ - pool_bytes_ + out_bytes;  // memory_ - pool_bytes_: unevictable bytes
+  for (StorageId in : inputs) {
+    const StorageRecord& r = rec(in);
+    if (r.pool_index != UINT32_MAX) floor += r.size;
+  }
+  stats_.floor_bytes = std::max(stats_.floor_bytes, floor);
+}
+
 // ---- Recording ------------------------------------------------------------------------------
 
 absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
@@ -183,6 +218,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   uint64_t op_bytes = out_bytes;
   for (StorageId in : inputs) op_bytes += rec(in).size;
   stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
+  NoteFloor(inputs, out_bytes);
   if (absl::Status s = Reserve(out_bytes, absl::StrCat("outputs of ", call.name)); !s.ok()) {
     unlock_inputs();
     return s;
@@ -256,6 +292,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, reads, &inputs); !s.ok()) return s;
   auto unlock_inputs = [&] { UnlockAll(inputs); };
+  NoteFloor(inputs, 0);
   absl::InlinedVector<StorageId, 2> mutated;
   for (StorageId m : call.mutated)
     if (!ContainsValue(mutated, m)) mutated.push_back(m);
@@ -274,8 +311,12 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   AdvanceClock(*cost);
   ++stats_.ops_recorded;
   stats_.base_cost += *cost;
-  if (call.replayable && mutated.size() == 1 && rec(mutated[0]).rematerializable()) {
+  const bool overwrites = call.overwrites && mutated.size() == 1;
+  if (call.replayable && mutated.size() == 1 && (rec(mutated[0]).rematerializable() || overwrites)) {
     StorageId m = mutated[0];
+    // The old contents are gone and nothing reads them any more (InvalidateReaders): the recipe
+    // restarts here.
+    if (overwrites) ClearRecipe(m);
     OpRecord op;
     op.name = std::string(call.name);
     for (StorageId in : inputs)
@@ -285,9 +326,10 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     op.cost = *cost;
     op.handle = call.handle;
     op.in_place = true;
+    op.overwrites = overwrites;
     op.recipe_users = 1;
     OpId op_id = ops_.Insert(std::move(op));
-    uint32_t depth = rec(m).replay_depth + 1;  // the recipe grows by one op
+    uint32_t depth = overwrites ? 1 : rec(m).replay_depth + 1;  // the recipe grows by one op
     for (StorageId in : ops_[op_id].inputs) {
       StorageRecord& in_rec = rec(in);
       in_rec.readers.push_back(op_id);
@@ -300,6 +342,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
       Detach(m);  // Note [Bounded replay chains]
       ++stats_.depth_limited;
     }
+    SyncPool(m);  // a constant it overwrote is evictable now
   } else {
     for (StorageId m : mutated) Detach(m);
   }
@@ -309,54 +352,62 @@ absl::Status Runtime::Mutate(const MutateCall& call,
 }
 
 absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
-  // Walk downstream from the mutated storages through evicted, unreferenced storages
-  // (Note [Mutation]): resident ones are frozen as they are, evicted ones the program still
-  // holds are brought back first, and evicted unreferenced ones are abandoned.
+  // Note [Mutation]: walk downstream from the mutated storages through the unreferenced ones.
   std::vector<StorageId> freeze, bring_back, abandon, frontier, next;
   absl::flat_hash_set<uint64_t> seen;
-  for (StorageId m : mutated) {
-    Dependents(m, &next);
-    frontier.insert(frontier.end(), next.begin(), next.end());
-  }
-  while (!frontier.empty()) {
-    StorageId t = frontier.back();
-    frontier.pop_back();
-    if (!seen.insert(t.packed()).second) continue;
-    const StorageRecord& r = rec(t);
-    if (!r.rematerializable()) continue;
-    if (r.resident()) {
-      freeze.push_back(t);
-    } else if (r.external_refs > 0 || r.pins > 0) {
-      bring_back.push_back(t);
-    } else {
-      abandon.push_back(t);
-      Dependents(t, &next);
+  auto walk = [&] {
+    freeze.clear();
+    bring_back.clear();
+    abandon.clear();
+    frontier.clear();
+    seen.clear();
+    for (StorageId m : mutated) {
+      Dependents(m, &next);
       frontier.insert(frontier.end(), next.begin(), next.end());
     }
+    while (!frontier.empty()) {
+      StorageId t = frontier.back();
+      frontier.pop_back();
+      if (!seen.insert(t.packed()).second) continue;
+      const StorageRecord& r = rec(t);
+      if (!r.rematerializable()) continue;
+      const bool held = r.external_refs > 0 || r.pins > 0;
+      if (r.resident() && (held || r.locks > 0)) {
+        freeze.push_back(t);
+      } else if (r.resident()) {
+        // Dead: frozen, it would stay as a constant for as long as a dependent's recipe reads it.
+        abandon.push_back(t);
+        Dependents(t, &next);
+        frontier.insert(frontier.end(), next.begin(), next.end());
+      } else if (held) {
+        bring_back.push_back(t);
+      } else {
+        abandon.push_back(t);
+        Dependents(t, &next);
+        frontier.insert(frontier.end(), next.begin(), next.end());
+      }
+    }
+  };
+  for (walk(); !bring_back.empty(); walk()) {
+    std::sort(bring_back.begin(), bring_back.end(), [&](StorageId a, StorageId b) {
+      return rec(a).replay_depth < rec(b).replay_depth;
+    });
+    for (StorageId t : bring_back) {
+      if (!rec(t).rematerializable()) continue;  // frozen meanwhile (a sibling's replay)
+      Lock(t);
+      absl::Status status = Materialize(t);
+      Unlock(t);
+      if (!status.ok()) return status;
+      Detach(t);
+    }
   }
-  // Bring back first, while every recipe still reads the old contents; keep each one (and every
-  // storage to be frozen) locked so that bringing back another cannot evict it.
-  for (StorageId t : freeze) Lock(t);
-  size_t locked_back = 0;
-  absl::Status status;
-  for (StorageId t : bring_back) {
-    Lock(t);
-    ++locked_back;
-    status = Materialize(t);
-    if (!status.ok()) break;
-  }
-  if (status.ok()) {
-    for (StorageId t : freeze) Detach(t);
-    for (StorageId t : bring_back) Detach(t);
-  }
-  for (StorageId t : freeze) Unlock(t);
-  for (size_t i = 0; i < locked_back; ++i) Unlock(bring_back[i]);
-  if (!status.ok()) return status;
+  for (StorageId t : freeze) Detach(t);
   // Nothing reads the abandoned storages any more: collecting them drops the old graph.
   for (StorageId t : abandon) {
     ++stats_.detached;
     MaybeCollect(t);
   }
+  DrainCollection();
   return absl::OkStatus();
 }
 
@@ -581,11 +632,16 @@ bool Runtime::ChooseVictim(StorageId* victim) {
   ++stats_.eviction_searches;
   double small = config_.small_storage_fraction * double(pool_bytes_) / double(n);
   double best = 0, best_small = 0;
-  StorageId best_id, best_small_id;
+  uint64_t best_unread_size = 0;
+  StorageId best_id, best_small_id, best_unread_id;
   scored_.clear();
   auto consider = [&](StorageId id) {
     const StorageRecord& r = rec(id);
     if (r.locks > 0) return;
+    if (AwaitsReader(r)) {  // Note [Results awaiting their reader]: last resort
+      if (!best_unread_id.valid() || r.size > best_unread_size) best_unread_size = r.size, best_unread_id = id;
+      return;
+    }
     double score = ScoreUnchecked(id);
     if (double(r.size) < small) {
       if (!best_small_id.valid() || score < best_small) best_small = score, best_small_id = id;
@@ -611,11 +667,12 @@ bool Runtime::ChooseVictim(StorageId* victim) {
     }
   }
   if (!best_id.valid()) {
-    best_small_id = StorageId{};
+    best_small_id = best_unread_id = StorageId{};
     for (size_t i = 0; i < n; ++i) consider(pool_[i]);
   }
   if (best_id.valid()) *victim = best_id;
   else if (best_small_id.valid()) *victim = best_small_id;
+  else if (best_unread_id.valid()) *victim = best_unread_id;
   else return false;
   return true;
 }
@@ -692,7 +749,9 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
   for (StorageId id : pool_) {
     const StorageRecord& r = rec(id);
     if (r.locks > 0) continue;
-    all.push_back({id, ScoreUnchecked(id), r.size, r.handle});
+    // Note [Results awaiting their reader]: ranked after every other candidate.
+    const double score = AwaitsReader(r) ? std::numeric_limits<double>::infinity() : ScoreUnchecked(id);
+    all.push_back({id, score, r.size, r.handle});
   }
   size_t keep = std::min(max_count, all.size());
   std::partial_sort(all.begin(), all.begin() + keep, all.end(),

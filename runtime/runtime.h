@@ -63,6 +63,10 @@ class Runtime {
     // Debug only, for tests that show Note [Mutation] is needed (design rule 2): false skips
     // detaching the readers of the mutated storages, so their replays read the new contents.
     bool invalidate_readers = true;
+    // The op writes every byte of its single mutated storage and reads none of them (fill_,
+    // bernoulli_ on a whole storage): the storage's recipe restarts from this op, which a replay
+    // runs on fresh memory, so even a constant becomes rematerializable (Note [Mutation]).
+    bool overwrites = false;
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
@@ -141,6 +145,7 @@ class Runtime {
   void Touch(StorageId id) { rec(id).last_access = now_; }
   void AdvanceClock(double cost);
   void UpdatePeak(uint64_t transient);
+  void NoteFloor(const InputList& inputs, uint64_t out_bytes);
 
   // Dependencies and dependents over live recipes (Note [Recipes]).
   void Deps(StorageId id, std::vector<StorageId>* out);
@@ -152,6 +157,7 @@ class Runtime {
   void SyncPool(StorageId id);
 
   // Victim search (Note [Victim search]).
+  static bool AwaitsReader(const StorageRecord& r) { return r.external_refs > 0 && r.readers.empty(); }
   double NeighborhoodCost(StorageId id);
   double ScoreUnchecked(StorageId id);
   bool ChooseVictim(StorageId* victim);

@@ -28,6 +28,10 @@ struct RuntimeStats {
   uint64_t memory_bytes = 0;          // resident bytes now
   uint64_t peak_memory_bytes = 0;
   uint64_t largest_op_bytes = 0;      // most bytes one op read and wrote (inputs + outputs)
+  // The lower bound of this run (Note [Memory floor], runtime.cc): the most bytes that had to be
+  // resident at one op, whatever was evicted: the unevictable bytes then plus the op's own
+  // evictable inputs and its outputs.
+  uint64_t floor_bytes = 0;
 
   double total_cost() const { return base_cost + remat_cost; }
   // One JSON object (no trailing newline) with every field.

@@ -88,6 +88,44 @@ case_ transformer_budget 60 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/trans
   "$py" -m dtr --budget 1701MiB --verbose 1 scripts/gpu_budget_check.py --worker transformer --steps 3 --warmup 1
 case_ transformer_dtr_backend 60 DTR_CUDA_ALLOCATOR=dtr DTR_STATS_FILE=$work/transformer_dtr_backend.stats.json -- \
   "$py" -m dtr --budget 1701MiB scripts/gpu_budget_check.py --worker transformer --steps 3 --warmup 1
+# The Transformer's constants (issue 16 item 5; bench/results/cuda.md): a trace of 2 unbudgeted
+# steps says which ops made them (opaque lines, const lines), and the same budgeted run with
+# flash and memory-efficient attention off tests whether attention's CPU Philox tensors are the cause.
+case_ transformer_trace 90 DTR_CUDA_ALLOCATOR=native DTR_TRACE_FILE=$work/transformer.trace \
+  DTR_STATS_FILE=$work/transformer_trace.stats.json -- \
+  "$py" -m dtr scripts/gpu_budget_check.py --worker transformer --steps 2 --warmup 1
+math_sdp='import runpy, sys, torch
+torch.backends.cuda.enable_flash_sdp(False); torch.backends.cuda.enable_mem_efficient_sdp(False)
+sys.argv = ["gpu_budget_check.py"] + sys.argv[1:]
+runpy.run_path("scripts/gpu_budget_check.py", run_name="__main__")'
+case_ transformer_math_sdp 90 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/transformer_math_sdp.stats.json -- \
+  "$py" -m dtr --budget 1701MiB --verbose 1 -c "$math_sdp" --worker transformer --steps 3 --warmup 1
+# The conv net at 0.5 of its peak trained but not bit-identically (first run after issue 16's
+# runtime changes): the same run, and with zero_grad(set_to_none=True) (no zero_ on gradients, so
+# no overwritten gradient recipes), each against its own plain run, losses per step.
+none_grads='import runpy, sys, torch
+zero_grad = torch.optim.Optimizer.zero_grad
+torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: zero_grad(self, True)
+sys.argv = ["gpu_budget_check.py"] + sys.argv[1:]
+runpy.run_path("scripts/gpu_budget_check.py", run_name="__main__")'
+conv_budget=${GPU_DIAG_CONV_BUDGET:-1941962752}
+case_ conv_plain 60 X=1 -- "$py" scripts/gpu_budget_check.py --worker convnet --steps 8 --warmup 2
+case_ conv_half 90 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/conv_half.stats.json -- \
+  "$py" -m dtr --budget "$conv_budget" scripts/gpu_budget_check.py --worker convnet --steps 8 --warmup 2
+case_ conv_plain_none 60 X=1 -- "$py" -c "$none_grads" --worker convnet --steps 8 --warmup 2
+case_ conv_half_none 90 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/conv_half_none.stats.json -- \
+  "$py" -m dtr --budget "$conv_budget" -c "$none_grads" --worker convnet --steps 8 --warmup 2
+case_ conv_half_lru 90 DTR_CUDA_ALLOCATOR=native DTR_HEURISTIC=lru -- \
+  "$py" -m dtr --budget "$conv_budget" scripts/gpu_budget_check.py --worker convnet --steps 8 --warmup 2
+# Note [Recovered out-of-memory errors] (hooks/cuda_allocator.cc): the same run without cuDNN
+# (no workspace plans to fall back between), each against its own plain run.
+no_cudnn='import runpy, sys, torch
+torch.backends.cudnn.enabled = False
+sys.argv = ["gpu_budget_check.py"] + sys.argv[1:]
+runpy.run_path("scripts/gpu_budget_check.py", run_name="__main__")'
+case_ conv_plain_nocudnn 60 X=1 -- "$py" -c "$no_cudnn" --worker convnet --steps 8 --warmup 2
+case_ conv_half_nocudnn 90 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/conv_half_nocudnn.stats.json -- \
+  "$py" -m dtr --budget "$conv_budget" -c "$no_cudnn" --worker convnet --steps 8 --warmup 2
 case_ sweep_native 200 X=1 -- "$py" scripts/gpu_budget_check.py --cuda-allocator native --out "$work/sweep_native" \
   --steps 8 --warmup 2 --models ${GPU_DIAG_SWEEP_MODELS:-convnet transformer}
 echo "== done in $(( $(date +%s) - start )) s after the build began"

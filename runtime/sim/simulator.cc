@@ -26,6 +26,13 @@ class HashingBackend : public ReplayBackend {
   absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override {
     auto inputs = InputValues(op);
     if (!inputs.ok()) return inputs.status();
+    if (op.overwrites) {  // first in its recipe: the storage comes back with this value
+      if (values_.contains(op.outputs[0].packed()))
+        return absl::InternalError(absl::StrCat("overwriting replay of ", op.name, " on a resident storage"));
+      values_[op.outputs[0].packed()] = OverwriteValue(op.handle, *inputs);
+      resident_bytes_ += op.output_sizes[0];
+      return op.cost;
+    }
     if (op.in_place) {
       auto it = values_.find(op.outputs[0].packed());
       if (it == values_.end())
@@ -78,14 +85,14 @@ class HashingBackend : public ReplayBackend {
     }
     return absl::OkStatus();
   }
-  absl::Status Mutated(uint64_t handle, StorageId target, absl::Span<const StorageId> others) {
+  absl::Status Mutated(uint64_t handle, StorageId target, absl::Span<const StorageId> others, bool overwrites) {
     OpRecord op;
     op.inputs.assign(others.begin(), others.end());
     auto values = InputValues(op);
     if (!values.ok()) return values.status();
     auto it = values_.find(target.packed());
     if (it == values_.end()) return absl::InternalError("mutated a storage that is not resident");
-    it->second = MutateValue(handle, it->second, *values);
+    it->second = overwrites ? OverwriteValue(handle, *values) : MutateValue(handle, it->second, *values);
     return absl::OkStatus();
   }
 
@@ -105,6 +112,11 @@ class HashingBackend : public ReplayBackend {
   }
   static uint64_t OutputValue(uint64_t handle, size_t index, const std::vector<uint64_t>& inputs) {
     uint64_t h = Mix(handle, index);
+    for (uint64_t v : inputs) h = Mix(h, v);
+    return h;
+  }
+  static uint64_t OverwriteValue(uint64_t handle, const std::vector<uint64_t>& inputs) {
+    uint64_t h = Mix(handle, ~uint64_t{1});
     for (uint64_t v : inputs) h = Mix(h, v);
     return h;
   }
@@ -236,13 +248,14 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
           inputs.push_back(*s);
         }
         for (int t : e.mutated) mutated.push_back(*storage_of(t));
-        Runtime::MutateCall call{e.name, inputs, mutated, true, handle};
+        Runtime::MutateCall call{e.name, inputs, mutated, e.replayable, handle};
+        call.overwrites = e.overwrites;
         status = rt.Mutate(call, [&]() -> absl::StatusOr<double> {
           for (StorageId m : mutated) {
             others.clear();
             for (StorageId s : inputs)
               if (s != m && std::find(others.begin(), others.end(), s) == others.end()) others.push_back(s);
-            if (absl::Status s = backend.Mutated(handle, m, others); !s.ok()) return s;
+            if (absl::Status s = backend.Mutated(handle, m, others, e.overwrites); !s.ok()) return s;
           }
           return e.cost;
         });

@@ -84,8 +84,11 @@ class Parser {
       if (!t.ok()) return t.status();
       out.tensor = *t;
       e.outputs.push_back(out);
-    } else if (kind == "call" || kind == "opaque" || kind == "mutate") {
+    } else if (kind == "call" || kind == "opaque" || kind == "mutate" || kind == "mutate-opaque" ||
+               kind == "overwrite") {
       e.kind = kind == "call" ? EventKind::kCall : kind == "opaque" ? EventKind::kOpaque : EventKind::kMutate;
+      e.replayable = kind != "mutate-opaque";
+      e.overwrites = kind == "overwrite";
       if (tok.size() < 4) return Error(absl::StrCat("expected '", kind, " NAME COST IN... -> OUT...'"));
       e.name = std::string(tok[1]);
       auto cost = Cost(tok[2]);
@@ -130,6 +133,7 @@ class Parser {
         e.outputs.push_back(out);
       }
       if (e.kind == EventKind::kMutate && e.mutated.empty()) return Error("mutate writes no tensor");
+      if (e.overwrites && e.mutated.size() != 1) return Error("overwrite writes exactly one tensor");
     } else if (kind == "copy") {
       if (tok.size() != 3) return Error("expected 'copy T OLD'");
       e.kind = EventKind::kCopy;
@@ -147,7 +151,7 @@ class Parser {
       e.tensor = *t;
     } else {
       return Error(absl::StrCat("unknown event '", kind,
-                                "'; expected const, call, opaque, mutate, copy or release"));
+                                "'; expected const, call, opaque, mutate, mutate-opaque, overwrite, copy or release"));
     }
     trace_.events.push_back(std::move(e));
     return absl::OkStatus();
@@ -175,8 +179,12 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
       case EventKind::kCall:
       case EventKind::kOpaque:
       case EventKind::kMutate: {
-        out << (e.kind == EventKind::kCall ? "call " : e.kind == EventKind::kOpaque ? "opaque " : "mutate ")
-            << e.name << " " << e.cost;
+        const char* word = e.kind == EventKind::kCall     ? "call "
+                           : e.kind == EventKind::kOpaque ? "opaque "
+                           : !e.replayable                ? "mutate-opaque "
+                           : e.overwrites                 ? "overwrite "
+                                                          : "mutate ";
+        out << word << e.name << " " << e.cost;
         for (int in : e.inputs) out << " " << names[in];
         out << " ->";
         if (e.kind == EventKind::kMutate) {

@@ -11,6 +11,10 @@
 //   opaque NAME COST IN... -> OUT...             like call, but not replayable (outputs are
 //                                                constants: an op that cannot be replayed)
 //   mutate NAME COST IN... -> T...               in-place op writing the listed inputs
+//   mutate-opaque NAME COST IN... -> T...        like mutate, but not replayable (the written
+//                                                storages become constants)
+//   overwrite NAME COST IN... -> T               in-place op writing all of T's storage without
+//                                                reading it (Runtime::MutateCall::overwrites)
 //   copy T OLD                                   T is another reference to OLD's tensor
 //   release T                                    the program dropped its reference T
 // Tensor names are tokens without whitespace, ':' or '='; every name is defined once (the
@@ -46,6 +50,8 @@ struct TraceEvent {
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)
   std::vector<TraceOutput> outputs;  // call/opaque: outputs; const: one output
   std::vector<int> mutated;  // mutate: written tensors, a subset of inputs
+  bool replayable = true;    // mutate: false for mutate-opaque
+  bool overwrites = false;   // mutate: true for overwrite
   int tensor = -1;           // copy/release: the tensor; copy: new name
   int source = -1;           // copy: the existing tensor
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -110,6 +111,27 @@ TEST(FragmentationAwareEvictionStrategyTest, PrefersOneVictimNextToFreeSpace) {
   ASSERT_TRUE(p.ok()) << p.status();
   // Among b1 (5), b3 (4), b5 (3) the lowest score that suffices alone is b5.
   EXPECT_EQ(runtime.eviction_order, (std::vector<void*>{heap.b[5]}));
+  DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+}
+
+// Note [Results awaiting their reader] (runtime.cc): the runtime ranks victims of last resort
+// with an infinite score. One that would suffice alone is not taken before the finite ones.
+TEST(FragmentationAwareEvictionStrategyTest, NeverPicksAVictimOfLastResortAlone) {
+  SixBlocks heap;
+  ToyRuntime runtime(heap.allocator.get());
+  DTR_ASSERT_OK(heap.allocator->Free(heap.b[2]));  // hole of 3 MiB between b1 and b3
+  const double inf = std::numeric_limits<double>::infinity();
+  const double scores[] = {1, inf, 0, inf, 2, inf};  // b1, b3, b5 would each suffice alone
+  for (int i : {0, 1, 3, 4, 5}) runtime.scores[heap.b[i]] = scores[i];
+  CandidateEvictionHandler handler(heap.allocator.get(),
+                                   std::make_unique<FragmentationAwareEvictionStrategy>(),
+                                   runtime.Callbacks());
+  heap.allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = heap.allocator->Allocate(5 * kMiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // Score order instead: b0 and b4 first (neither makes 5 MiB next to the hole), and only then
+  // the first last resort, b1, which joins b0 and the hole.
+  EXPECT_EQ(runtime.eviction_order, (std::vector<void*>{heap.b[0], heap.b[4], heap.b[1]}));
   DTR_EXPECT_OK(heap.allocator->CheckInvariants());
 }
 

@@ -86,3 +86,21 @@ def test_simulator_rows(report):
         if m.get("chain") and has_chain:
             rotor = [row["planners"]["rotor"] for row in m["chain"]["rows"] if "rotor" in row["planners"]]
             assert any(d["status"] == "ok" and d["overhead"] >= 0 for d in rotor), m["name"]
+
+
+def test_activation_budgets_table(tmp_path):
+    """bench/activation_budgets.py on the chain: a trace, a floor below the peak, and a table that
+    starts at r=1 (ratio 1.00x) and goes down until out of memory or r=0.1, with ratios that are
+    at least 1 and a last one above 1 (the budget forced rematerialization)."""
+    build = build_dir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
+    out = tmp_path / "activations.md"
+    r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_budgets.py"), "--build", build, "--models",
+                        "chain", "--work", str(tmp_path), "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    row = [line for line in out.read_text().splitlines() if line.startswith("| chain |")]
+    assert len(row) == 1, out.read_text()
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    ratios = [float(c[:-1]) for c in cells[4:] if c.endswith("x")]
+    assert ratios and ratios[0] == 1.0 and all(x >= 1.0 for x in ratios) and ratios[-1] > 1.0, cells

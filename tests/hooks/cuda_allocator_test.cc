@@ -7,6 +7,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -518,6 +519,25 @@ TEST_F(NativeTest, OutOfMemoryWhenNothingIsEvictable) {
     EXPECT_THAT(e.what(), HasSubstr("fake breakdown"));
     EXPECT_THAT(e.what(), HasSubstr("CUDA out of memory (fake)"));
   }
+}
+
+// Note [Recovered out-of-memory errors]: cuDNN catches the error for a plan's workspace and runs
+// another plan. The next allocation on that thread shows the error was caught: it is counted,
+// once per error.
+TEST_F(NativeTest, CountsOutOfMemoryErrorsTheCallerRecoveredFrom) {
+  auto a = Make(8 * kMiB);
+  native_.cap = 8 * kMiB;
+  c10::DataPtr keep = a->allocate(6 * kMiB);
+  EXPECT_THROW(a->allocate(4 * kMiB), c10::OutOfMemoryError);
+  EXPECT_EQ(a->recovered_ooms(), 0);
+  c10::DataPtr smaller = a->allocate(kMiB);  // the caller's fallback
+  EXPECT_EQ(a->recovered_ooms(), 1);
+  c10::DataPtr more = a->allocate(kMiB / 2);
+  EXPECT_EQ(a->recovered_ooms(), 1);
+  // Another thread's allocations do not count this thread's errors.
+  EXPECT_THROW(a->allocate(4 * kMiB), c10::OutOfMemoryError);
+  std::thread([&] { c10::DataPtr other = a->allocate(kMiB / 4); }).join();
+  EXPECT_EQ(a->recovered_ooms(), 1);
 }
 
 TEST_F(NativeTest, ARequestThatCannotFitBesideUnevictableMemoryFailsWithoutEvicting) {

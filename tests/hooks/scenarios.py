@@ -339,11 +339,34 @@ def deaths_while_locked():
     return {"sums": dg(torch.tensor(sums)), "ys": [dg(y) for y in ys]}
 
 
+def overwritten():
+    """Storages made by an unrecorded op (empty) and then filled in full by an in-place op
+    (Note [Overwriting in-place ops]): fill_, a random fill with the default generator and with
+    its own, nn.init on a parameter-like tensor. They are the only evictable storages here, so
+    the evictions and rematerializations the test requires are theirs. A partial fill (through a
+    view) keeps its storage a constant."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    m = torch.empty(64, 64).bernoulli_(0.5)
+    u = torch.empty(64, 64).uniform_(-1, 1, generator=g)
+    f = torch.empty(64, 64).fill_(2.5)
+    w = torch.empty(64, 64)
+    torch.nn.init.kaiming_uniform_(w)
+    p = torch.empty(128)
+    p[:64].normal_()
+    p[64:].zero_()
+    evict_all()
+    out = {n: dg(x) for n, x in zip("mufwp", (m, u, f, w, p))}
+    out["stream_after"] = dg(torch.rand(16))  # the global stream is unchanged by replays
+    return out
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
-                 replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked)
+                 replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
+                 overwritten=overwritten)
 
 if __name__ == "__main__":
     import os

@@ -323,6 +323,91 @@ TEST_F(RuntimeTest, MutationAbandonsUnreferencedEvictedReadersInsteadOfReplaying
   Check();
 }
 
+// Note [Mutation]: a resident reader of the mutated storage that the program no longer holds is
+// dropped, not frozen: frozen, it would stay as a constant for as long as a dependent's recipe
+// reads it. Its held evicted dependent is brought back (while the reader is still resident,
+// so cheaply) and frozen.
+TEST_F(RuntimeTest, MutationDropsDeadResidentReadersAfterBringingTheirHeldDependentsBack) {
+  Make(kUnlimitedBudget);
+  StorageId w = Const(4);
+  StorageId x = Const(4);
+  StorageId act = Op1("linear", {x, w}, 100);      // dropped by the program
+  StorageId grad = Op1("backward", {act}, 4);      // held, evicted
+  ASSERT_TRUE(rt_->Evict(grad).ok());
+  ASSERT_TRUE(rt_->DropRef(act).ok());             // evicted eagerly
+  ASSERT_TRUE(rt_->Access(grad).ok());             // act comes back for it and stays
+  ASSERT_TRUE(rt_->Evict(grad).ok());
+  ASSERT_TRUE(Resident(act));
+  const uint64_t before = rt_->memory();
+  backend_.replays.clear();
+  StorageId mutated[] = {w};
+  StorageId inputs[] = {w};
+  ASSERT_TRUE(rt_->Mutate({"sgd_step_", inputs, mutated, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"backward"}));
+  EXPECT_EQ(rt_->storage(act), nullptr);  // collected: its 100 bytes are free
+  EXPECT_TRUE(Resident(grad));
+  EXPECT_FALSE(rt_->storage(grad)->rematerializable());
+  EXPECT_EQ(rt_->memory(), before - 100 + 4);
+  Check();
+}
+
+// Note [Mutation]: held evicted dependents are brought back and frozen; a dependent that reads
+// only frozen storages keeps its recipe.
+TEST_F(RuntimeTest, MutationFreezesHeldReadersOnceBroughtBack) {
+  Make(kUnlimitedBudget);
+  StorageId w = Const(1);
+  StorageId a = Op1("a", {w}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  StorageId c = Op1("c", {a, b}, 10);
+  StorageId d = Op1("d", {b}, 10);
+  for (StorageId s : {a, b, c, d}) ASSERT_TRUE(rt_->Evict(s).ok());
+  ASSERT_TRUE(rt_->DropRef(a).ok());
+  backend_.replays.clear();
+  StorageId mutated[] = {w};
+  StorageId inputs[] = {w};
+  ASSERT_TRUE(rt_->Mutate({"w_", inputs, mutated, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_FALSE(rt_->storage(b)->rematerializable());
+  EXPECT_FALSE(rt_->storage(c)->rematerializable());
+  EXPECT_EQ(rt_->storage(a), nullptr);
+  // d reads only b, a constant with the right contents now: still evicted, still replayable.
+  EXPECT_FALSE(Resident(d));
+  ASSERT_TRUE(rt_->Access(d).ok());
+  Check();
+}
+
+// Note [Results awaiting their reader]: a held storage no recipe reads (a gradient before the
+// optimizer step) is evicted only when nothing else can be.
+TEST_F(RuntimeTest, ResultsAwaitingTheirReaderAreVictimsOfLastResort) {
+  Make(kUnlimitedBudget, HeuristicKind::kLru);
+  StorageId x = Const(1);
+  StorageId grad = Op1("grad", {x}, 100);  // oldest: LRU's first choice otherwise
+  StorageId act = Op1("act", {x}, 100);
+  StorageId next = Op1("next", {act}, 100);  // reads act
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  EXPECT_TRUE(Resident(grad));
+  EXPECT_FALSE(Resident(act));
+  auto ranked = rt_->RankedCandidates(8);
+  ASSERT_EQ(ranked.size(), 2u);  // next (awaits its reader too) and grad, both last
+  // When nothing else is left, they are evicted: the budget holds.
+  ASSERT_TRUE(rt_->SetBudget(1 + 100).ok());
+  EXPECT_EQ(int(Resident(grad)) + int(Resident(next)), 1);
+  Check();
+}
+
+// Note [Memory floor]: unevictable bytes plus the largest op's evictable inputs and outputs.
+TEST_F(RuntimeTest, FloorIsUnevictableBytesPlusTheWorstOpsOperands) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(7);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 20);
+  EXPECT_EQ(rt_->stats().floor_bytes, 7u + 10 + 20);
+  ASSERT_TRUE(rt_->DropRef(a).ok());  // evicted eagerly
+  Op1("c", {b}, 5);
+  EXPECT_EQ(rt_->stats().floor_bytes, 7u + 10 + 20);  // c needed 7 + 20 + 5 only
+  Check();
+}
+
 // Note [Dead constants in accumulating recipes]: SGD with momentum, step after step. The
 // parameter update freezes the step's gradient (a dependent of the parameter); the momentum
 // buffer's recipe reads it through add_. Once the program drops the gradient, nothing may keep
@@ -504,9 +589,14 @@ TEST_F(RuntimeTest, SampledSearchScoresAboutSqrtNCandidates) {
   Make(config);
   StorageId x = Const(1);
   uint64_t size = 1;
-  for (int i = 0; i < 10000; ++i)
-    ASSERT_TRUE(rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
-                             [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; }).ok());
+  // A chain, so that every storage but the last has a reader (Note [Results awaiting their
+  // reader]: the last is a victim of last resort and not scored).
+  for (int i = 0; i < 10001; ++i) {
+    auto out = rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
+                            [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    ASSERT_TRUE(out.ok());
+    x = (*out)[0];
+  }
   uint64_t before = rt_->stats().candidates_scored;
   ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
   EXPECT_EQ(rt_->stats().evictions, 1u);

@@ -121,6 +121,39 @@ call f 5 e c2 -> f:100
   }
 }
 
+// Note [Overwriting in-place ops] (hooks/op_classification.cc): a constant overwritten in full
+// becomes rematerializable (a dropout mask made by an unrecorded empty_like): at 300 bytes it
+// must be evicted while z is computed and brought back for g. Written by an opaque mutation
+// instead, it is a constant and the same budget is out of memory.
+TEST(Simulator, OverwrittenStoragesAreEvictableAndOpaqueMutationsAreNot) {
+  const std::string kTrace = R"(dtr-trace 1
+const x 100
+opaque empty 0 -> m:100
+WRITE bernoulli_ 7 m -> m
+call y 5 x m -> y:100
+call z 5 y -> z:100
+release y
+call w 5 z -> w:100
+release z
+release w
+call g 5 m -> g:100
+)";
+  for (const std::string write : {"overwrite", "mutate-opaque"}) {
+    std::string text = kTrace;
+    text.replace(text.find("WRITE"), 5, write);
+    auto trace = ParseTrace(text);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    auto result = Simulate(*trace, Options(300, HeuristicKind::kDtrEq));
+    ASSERT_TRUE(result.ok()) << result.status();
+    if (write == "overwrite") {
+      ASSERT_TRUE(result->ok) << result->error;
+      EXPECT_EQ(result->stats.rematerializations, 1u);  // m, its value checked
+    } else {
+      EXPECT_FALSE(result->ok);
+    }
+  }
+}
+
 TEST(Simulator, UsingAReleasedTensorIsABrokenTrace) {
   auto trace = ParseTrace("dtr-trace 1\nconst x 1\ncall a 1 x -> y:1\nrelease y\ncall b 1 y -> z:1\n");
   ASSERT_TRUE(trace.ok());

@@ -44,6 +44,28 @@ TEST(Trace, ParsesEveryEventKind) {
   EXPECT_EQ(trace->events[8].kind, EventKind::kRelease);
 }
 
+TEST(Trace, MutationsSayHowTheyReplay) {
+  auto trace = ParseTrace(R"(dtr-trace 1
+const x 8
+opaque empty 0 -> e:8
+overwrite bernoulli_ 2 e -> e
+mutate-opaque copy_ 1 e x -> e
+mutate div_ 1 e -> e
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 5u);
+  EXPECT_TRUE(trace->events[2].overwrites);
+  EXPECT_TRUE(trace->events[2].replayable);
+  EXPECT_FALSE(trace->events[3].replayable);
+  EXPECT_FALSE(trace->events[3].overwrites);
+  EXPECT_TRUE(trace->events[4].replayable);
+  EXPECT_FALSE(trace->events[4].overwrites);
+  auto again = ParseTrace(TraceToString(*trace));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), TraceToString(*trace));
+  EXPECT_FALSE(ParseTrace("dtr-trace 1\nconst x 8\nconst y 8\noverwrite f 1 x y -> x y\n").ok());
+}
+
 TEST(Trace, WriteThenParseRoundTrips) {
   auto trace = ParseTrace(kExample);
   ASSERT_TRUE(trace.ok());

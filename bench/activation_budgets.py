@@ -1,0 +1,117 @@
+"""Budgets on activations in dtr-sim: for each benchmark model, a trace of real training steps
+(DTR_TRACE_FILE, CPU, preloaded with no budget) replayed by dtr-sim under
+budget = static + r x (peak - static), where static is what the model holds between steps
+(parameters, gradients, optimizer state, batches: the trace worker reports it) and peak the
+trace's own peak. Reports, per model, the run's memory floor (Note [Memory floor],
+runtime/runtime.cc: no heuristic can go below it), the smallest r that trains, and the compute
+ratio at each r: (base cost + rematerialization cost) / base cost of the training steps (the
+costs are the op times measured while tracing; model building is left out). These are the
+runtime's decisions alone: the real runs of bench/sweep.py add dtr's per-op bookkeeping.
+
+  python bench/activation_budgets.py [--build build-release] [--models a,b] [--out FILE]
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from sweep import ALL_MODELS, TRACE_MARK_BYTES, trace_split  # noqa: E402
+
+RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1]
+WORKER = os.path.join(REPO, "bench", "step_worker.py")
+
+
+def trace(model, work, lib, steps):
+    path = os.path.join(work, f"{model}.trace")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_")}
+    env.update(LD_PRELOAD=lib, DTR_TRACE_FILE=path, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    r = subprocess.run([sys.executable, WORKER, "trace", "--model", model, "--device", "cpu", "--threads", "1",
+                        "--steps", str(steps), "--mark-bytes", str(TRACE_MARK_BYTES)],
+                       env=env, capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        raise SystemExit(f"tracing {model} failed:\n{r.stderr[-3000:]}")
+    info = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")][-1]
+    return path, info["static_bytes"]
+
+
+def simulate(sim, path, budget, heuristic, search):
+    argv = [sim, "--trace", path, "--budget", str(int(budget)), "--heuristic", heuristic, "--seed", "1",
+            "--search", search]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"dtr-sim gave no result: {' '.join(argv)}\n{r.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def sweep(model, args, lib):
+    path, static = trace(model, args.work, lib, args.steps)
+    build_cost, _ = trace_split(path)
+    free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
+    peak, work = free["peak_bytes"], free["base_cost"] - build_cost
+    floor = free["stats"]["floor_bytes"]
+    act = max(1, peak - static)
+    cells = []
+    for r in RATIOS:
+        d = simulate(args.sim, path, static + r * act, args.heuristic, args.search)
+        if d["status"] != "ok":
+            cells.append((r, None))
+            break
+        cells.append((r, 1 + (d["total_cost"] - d["base_cost"]) / work))
+    return dict(model=model, static=static, peak=peak, floor=floor, floor_r=(floor - static) / act, cells=cells)
+
+
+def mib(b):
+    return f"{b / 2**20:.2f} MiB"
+
+
+def render(rows, args):
+    head = ["model", "static", "peak", "floor (r)"] + [f"r={r:g}" for r in RATIOS]
+    out = [f"# Budgets on activations in dtr-sim ({args.heuristic}, {args.search} search)\n",
+           f"Made by `python bench/activation_budgets.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+           f"traces of {args.steps} training steps on the CPU. Budget = static + r x (peak - static). Cells: "
+           "compute ratio of the training steps (base + rematerialization cost over base cost); `oom`: out of "
+           "memory (the sweep stops there). The floor is Note [Memory floor]'s lower bound for the same run, "
+           "as a ratio r.\n",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = {r: v for r, v in row["cells"]}
+        line = [row["model"], mib(row["static"]), mib(row["peak"]), f"{mib(row['floor'])} ({row['floor_r']:.2f})"]
+        for r in RATIOS:
+            line.append("" if r not in cells else "oom" if cells[r] is None else f"{cells[r]:.2f}x")
+        out.append("| " + " | ".join(line) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO, "build-release"), help="CMake build dir with bin/dtr-sim")
+    ap.add_argument("--models", default=",".join(ALL_MODELS))
+    ap.add_argument("--heuristic", default="dtr-eq")
+    ap.add_argument("--search", default="sampled", choices=["sampled", "exact"])
+    ap.add_argument("--steps", type=int, default=2, help="training steps per trace")
+    ap.add_argument("--work", default=None, help="where the traces go (default: <build>/activation-work)")
+    ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
+    args = ap.parse_args()
+    args.sim = os.path.join(args.build, "bin", "dtr-sim")
+    args.work = args.work or os.path.join(args.build, "activation-work")
+    os.makedirs(args.work, exist_ok=True)
+    import dtr
+
+    models = args.models.split(",")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        rows = list(pool.map(lambda m: sweep(m, args, dtr.library_path), models))
+    text = render(rows, args)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
