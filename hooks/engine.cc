@@ -520,17 +520,28 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
                                                             c10::DispatchKey::PythonTLSSnapshot}));
   // Note [Python numbers are kept by value]: made here, below dtr's key, so never recorded.
   for (const ScalarArg& sa : rr.scalars) PutAt(args, sa.path, sa.Make(), sa.is_optional_list);
+  // Note [Overwriting in-place ops] (op_classification.cc): the storage comes back as fresh
+  // memory, which the op fills; it becomes the storage's only once the op has succeeded.
+  Entry* overwritten = nullptr;
+  c10::intrusive_ptr<c10::StorageImpl> overwritten_impl, fresh_impl;
   if (oprec.overwrites) {
-    // Note [Overwriting in-place ops] (op_classification.cc): the storage comes back as fresh
-    // memory, which the op then fills.
-    Entry* e = FindEntry(oprec.outputs[0]);
-    c10::intrusive_ptr<c10::StorageImpl> target = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
-    if (!target) return absl::InternalError("dtr: replay target storage is gone");
-    at::Tensor fresh = at::empty({int64_t(oprec.output_sizes[0])},
-                                 at::TensorOptions().dtype(at::kByte).device(target->device()));
-    AdoptMemory(e, target.get(), fresh.storage().unsafeGetStorageImpl());
+    overwritten = FindEntry(oprec.outputs[0]);
+    overwritten_impl = overwritten ? overwritten->impl() : c10::intrusive_ptr<c10::StorageImpl>();
+    if (!overwritten_impl) return absl::InternalError("dtr: replay target storage is gone");
+    try {
+      at::Tensor fresh = at::empty({int64_t(oprec.output_sizes[0])},
+                                   at::TensorOptions().dtype(at::kByte).device(overwritten_impl->device()));
+      fresh_impl = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(fresh.storage().unsafeGetStorageImpl());
+    } catch (const c10::OutOfMemoryError& ex) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rematerializing (replay of ", oprec.name, "): ", ex.what_without_backtrace()));
+    }
   }
   for (const TensorArg& ta : rr.tensors) {
+    if (overwritten != nullptr && ta.sid == oprec.outputs[0]) {
+      PutAt(args, ta.path, MakeTensor(fresh_impl, ta.meta), ta.is_optional_list);
+      continue;
+    }
     Entry* e = FindEntry(ta.sid);
     c10::intrusive_ptr<c10::StorageImpl> impl = e ? e->impl() : c10::intrusive_ptr<c10::StorageImpl>();
     if (!impl || (impl->nbytes() > 0 && impl->data_ptr().get() == nullptr))
@@ -589,6 +600,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     std::lock_guard<std::mutex> gl(def.mutex());
     def.set_state(saved_default->get_state());
   }
+  if (overwritten != nullptr) AdoptMemory(overwritten, overwritten_impl.get(), fresh_impl.get());
   if (oprec.in_place) return cost;
   for (size_t i = 0; i < rr.outputs.size() && i < oprec.outputs.size(); ++i) {
     if (!keep[i]) continue;

@@ -256,6 +256,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
     mc.overwrites = info.overwrites && covers_storage && written.size() == 1 &&
                     std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
+    bool mc_recorded = false;
+    mc.recorded = &mc_recorded;
     absl::Status s = rt_->Mutate(mc, [&]() -> absl::StatusOr<double> {
       try {
         cost = timed_pass();
@@ -271,15 +273,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       if (err) std::rethrow_exception(err);
       Check(s, info.name.c_str());
     }
-    // If the op was recorded, the runtime owns rr (OnOpDropped deletes it); if not, drop it.
-    // Runtime::Mutate records only a single rematerializable mutated storage.
-    if (rr != nullptr) {
-      const StorageRecord* r = rt_->storage(written[0]);
-      bool recorded = r != nullptr && !r->recipe.empty() &&
-                      rt_->op(r->recipe.back()) != nullptr &&
-                      rt_->op(r->recipe.back())->handle == reinterpret_cast<uint64_t>(rr);
-      if (!recorded) delete rr;
-    }
+    // If the op was recorded, the runtime owns rr (OnOpDropped deletes it, perhaps already: a
+    // recipe cut at max_replay_depth); if not, drop it.
+    if (rr != nullptr && !mc_recorded) delete rr;
     if (tracing()) {
       std::string outs;
       for (StorageId w : written)
@@ -466,7 +462,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     delete rr;
     Check(out_sids.status(), info.name.c_str());
   }
-  if (cost_span.costs != nullptr && !out_sids->empty()) {
+  // Note [Bounded replay chains]: an op recorded too deep was dropped at once (its outputs are
+  // constants and OnOpDropped deleted rr): no recipe to correct the cost of.
+  if (cost_span.costs != nullptr && !out_sids->empty() && !rt_->storage((*out_sids)[0])->recipe.empty()) {
     cost_span.op = rt_->storage((*out_sids)[0])->recipe.front();
     cost_span.provisional = cost;
     cost_span.recorded = true;

@@ -329,6 +329,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     op.overwrites = overwrites;
     op.recipe_users = 1;
     OpId op_id = ops_.Insert(std::move(op));
+    if (call.recorded != nullptr) *call.recorded = true;
     uint32_t depth = overwrites ? 1 : rec(m).replay_depth + 1;  // the recipe grows by one op
     for (StorageId in : ops_[op_id].inputs) {
       StorageRecord& in_rec = rec(in);

@@ -67,6 +67,9 @@ class Runtime {
     // bernoulli_ on a whole storage): the storage's recipe restarts from this op, which a replay
     // runs on fresh memory, so even a constant becomes rematerializable (Note [Mutation]).
     bool overwrites = false;
+    // Set to whether the runtime recorded the op, taking over `handle` (ReplayBackend::
+    // OnOpDropped is called for it, perhaps before Mutate returns).
+    bool* recorded = nullptr;
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).

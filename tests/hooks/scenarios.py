@@ -361,12 +361,30 @@ def overwritten():
     return out
 
 
+def deep_recipes():
+    """Recipes that grow past max_replay_depth (1000, Note [Bounded replay chains]): a buffer
+    updated in place, one filled in full first (Note [Overwriting in-place ops]) and a functional
+    chain. At the limit the runtime drops the op it just recorded; its replay record must be freed
+    once (it was freed twice), and the values stay exact."""
+    torch.manual_seed(0)
+    x = torch.zeros(256)
+    y = torch.empty(256).fill_(2.0)
+    z = torch.randn(256)
+    for _ in range(1100):
+        x.add_(1)
+        y.mul_(1.0001)
+        z = z * 0.999 + 1
+    w = x * 2 + y
+    evict_all()
+    return {"x": dg(x), "y": dg(y), "z": dg(z), "w": dg(w)}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
                  replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
-                 overwritten=overwritten)
+                 overwritten=overwritten, deep_recipes=deep_recipes)
 
 if __name__ == "__main__":
     import os

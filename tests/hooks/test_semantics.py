@@ -31,7 +31,8 @@ def plain(name):
 
 @pytest.mark.parametrize("name", ["rng", "views_inplace", "multi_output", "leaving", "threads", "set_budget",
                                   "raw_writes", "layout", "default_dtype", "batchnorm_stats",
-                                  "foreign_memory", "replaced_memory", "deaths_while_locked", "overwritten"])
+                                  "foreign_memory", "replaced_memory", "deaths_while_locked", "overwritten",
+                                  "deep_recipes"])
 def test_scenario_bit_identical_with_evictions(name):
     res, r = scenario(name, True)
     assert res["out"] == plain(name)
