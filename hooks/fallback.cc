@@ -208,10 +208,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     in_sids.push_back(e->sid);
     in_entries.push_back(e);
     unrecordable_inputs = unrecordable_inputs || e->changeable();
-    bool w = info.write_all;
-    for (int wa : info.write_args)
-      if (wa == p.index) w = true;
-    if (w) {
+    if (written_arg(p)) {
       written.push_back(e->sid);
       // Note [Overwriting in-place ops]: only when self is all of its storage, which is dtr's
       // memory (rule 3: only that is ever released, so only that can be evicted).

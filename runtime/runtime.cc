@@ -375,14 +375,11 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
       const bool held = r.external_refs > 0 || r.pins > 0;
       if (r.resident() && (held || r.locks > 0)) {
         freeze.push_back(t);
-      } else if (r.resident()) {
-        // Dead: frozen, it would stay as a constant for as long as a dependent's recipe reads it.
-        abandon.push_back(t);
-        Dependents(t, &next);
-        frontier.insert(frontier.end(), next.begin(), next.end());
-      } else if (held) {
+      } else if (!r.resident() && held) {
         bring_back.push_back(t);
       } else {
+        // Dead, resident or not: frozen, a resident one would stay as a constant for as long as
+        // a dependent's recipe reads it.
         abandon.push_back(t);
         Dependents(t, &next);
         frontier.insert(frontier.end(), next.begin(), next.end());
