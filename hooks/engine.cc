@@ -613,7 +613,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     // op is not a function of what was recorded: refuse rather than restore wrong contents.
     if (cfg_.rule_enabled(5) && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
                                  !IsOurs(out.storage().data_ptr()))) {
-      if (out.scalar_type() != os.meta.dtype || out.sizes().vec() != os.meta.sizes)
+      if (out.scalar_type() != os.meta.dtype || !out.sizes().equals(os.meta.sizes))
         return absl::InternalError(absl::StrCat(
             "dtr: replay of ", oprec.name, " output ", i, " produced ", c10::toString(out.scalar_type()),
             c10::str(out.sizes()), " where ", c10::toString(os.meta.dtype), c10::str(c10::IntArrayRef(os.meta.sizes)),

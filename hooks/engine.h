@@ -51,6 +51,7 @@
 #include <ATen/core/stack.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -260,7 +261,7 @@ class Engine final : public ReplayBackend,
    private:
     Engine* e_;
     const char* op_;
-    std::vector<StorageId> ids_;
+    absl::InlinedVector<StorageId, 8> ids_;
   };
   // The engine lock for an eviction request. Inside a parallel region whose owner may hold it
   // (waiting for the region) it is only tried: owns_lock() false means "cannot evict now".

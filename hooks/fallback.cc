@@ -45,13 +45,14 @@ static bool ReturnsHideTensors(const torch::jit::Stack& stack, size_t nret) {
 // The arguments of a recorded op with its tensor operands taken out: storages are referenced by
 // id (foreign ones stay alive through their entry), Python numbers kept by value (Note [Python
 // numbers are kept by value], replay_record.h).
+// Takes the operand lists (the fallback has no further use for them).
 static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base,
-                           const std::vector<TensorArg>& tensors, const std::vector<ScalarArg>& scalars) {
+                           std::vector<TensorArg>&& tensors, std::vector<ScalarArg>&& scalars) {
   rr->args = CopyArgs(stack.data() + base, stack.data() + stack.size());
   for (const TensorArg& ta : tensors) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
   for (const ScalarArg& sa : scalars) PutAt(rr->args, sa.path, at::Tensor(), sa.is_optional_list);
-  rr->tensors = tensors;
-  rr->scalars = scalars;
+  rr->tensors = std::move(tensors);
+  rr->scalars = std::move(scalars);
 }
 
 void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -164,9 +165,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // Input storages (registering unknown ones as constants).
   std::vector<TensorArg> targs;
-  std::vector<StorageId> in_sids;
-  std::vector<StorageId> written;
-  std::vector<Entry*> in_entries;
+  targs.reserve(nargs);
+  absl::InlinedVector<StorageId, 8> in_sids;
+  absl::InlinedVector<StorageId, 2> written;
+  absl::InlinedVector<Entry*, 8> in_entries;
   // Note [Hidden mutation in native_batch_norm]: its schema (1.13 and 2.13/2.14 alike) does not
   // mark running_mean and running_var (args 3, 4) as written, yet training mode updates them in place. Their values do
   // not affect the outputs in training mode, so the op is recorded without them: replays pass
@@ -233,7 +235,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // Rule 6: a random op's record needs the generator state it drew from.
     if (info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6))) {
       rr = new ReplayRecord(op);
-      RecordOperands(rr, *stack, base, targs, scalar_args);
+      RecordOperands(rr, *stack, base, std::move(targs), std::move(scalar_args));
       if (info.gen_arg >= 0) {
         rr->gen_arg = info.gen_arg;
         rr->gen_device = written_device.is_cuda() ? written_device : c10::Device(c10::DeviceType::CPU);
@@ -307,7 +309,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // ---- a functional op: record it ----
   ReplayRecord* rr = new ReplayRecord(op);
-  RecordOperands(rr, *stack, base, targs, scalar_args);
+  RecordOperands(rr, *stack, base, std::move(targs), std::move(scalar_args));
   if (bn_training) {
     rr->args[3] = c10::IValue();
     rr->args[4] = c10::IValue();
@@ -322,7 +324,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         rr->gen_device = (*stack)[i].toDevice();
         found = true;
       }
-    if (!found && !targs.empty()) rr->gen_device = GetAt(*stack, base, targs.front().path).device();
+    if (!found && !rr->tensors.empty()) rr->gen_device = GetAt(*stack, base, rr->tensors.front().path).device();
     if (!rr->gen_device.is_cuda()) rr->gen_device = c10::Device(c10::DeviceType::CPU);  // meta, ...
     if (rr->gen_device.is_cuda() && !rr->gen_device.has_index())
       rr->gen_device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
@@ -387,8 +389,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // New output storages: ours, allocated during this op, not yet tracked, each seen once.
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
-  std::vector<c10::StorageImpl*> new_impls;
+  absl::InlinedVector<c10::StorageImpl*, 2> new_impls;
   std::vector<OutputSpec> outs;
+  outs.reserve(nret);
   bool replayable = true;
   // Ops whose schema declares no aliasing but whose outputs are views of an input (unsafe_split,
   // unsafe_chunk) are views in effect: the storage stays the input's, evictable as before.
@@ -450,9 +453,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
-  rr->outputs = outs;
-  std::vector<uint64_t> sizes;
+  absl::InlinedVector<uint64_t, 2> sizes;
   for (const auto& o : outs) sizes.push_back(o.nbytes);
+  rr->outputs = std::move(outs);
   Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
@@ -467,15 +470,15 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     cost_span.recorded = true;
   }
   std::string trace_outs;
-  for (size_t i = 0; i < outs.size(); ++i) {
+  for (size_t i = 0; i < sizes.size(); ++i) {
     c10::StorageImpl* impl = new_impls[i];
-    Entry* e = NewEntry((*out_sids)[i], impl, outs[i].nbytes);
+    Entry* e = NewEntry((*out_sids)[i], impl, sizes[i]);
     e->ours = true;
     Slot* s = SlotOf(impl->data_ptr());
     s->entry = e;
     e->slot = s;
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
-    if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", outs[i].nbytes);
+    if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
   if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
 }

@@ -15,8 +15,8 @@ namespace dtr::hooks {
 TensorMeta TensorMeta::Of(const at::Tensor& t) {
   TensorMeta m;
   m.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
-  m.sizes = t.sizes().vec();
-  m.strides = t.strides().vec();
+  m.sizes.assign(t.sizes().begin(), t.sizes().end());
+  m.strides.assign(t.strides().begin(), t.strides().end());
   m.offset = t.storage_offset();
   m.dtype = t.scalar_type();
   m.conj = t.is_conj();
@@ -25,7 +25,7 @@ TensorMeta TensorMeta::Of(const at::Tensor& t) {
 }
 
 bool TensorMeta::Matches(const at::Tensor& t) const {
-  return t.sizes().vec() == sizes && t.strides().vec() == strides && t.storage_offset() == offset &&
+  return t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset &&
          t.scalar_type() == dtype && t.is_conj() == conj && t.is_neg() == neg;
 }
 

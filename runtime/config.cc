@@ -32,6 +32,9 @@ absl::Status RuntimeConfig::Validate() const {
   if (!(sample_factor > 0) || !std::isfinite(sample_factor))
     return absl::InvalidArgumentError(absl::StrCat("sample_factor must be > 0, got ", sample_factor));
   if (min_samples == 0) return absl::InvalidArgumentError("min_samples must be >= 1");
+  if (max_samples != 0 && max_samples < min_samples)
+    return absl::InvalidArgumentError(absl::StrCat("max_samples must be 0 (no limit) or >= min_samples (",
+                                                   min_samples, "), got ", max_samples));
   if (!(small_storage_fraction >= 0 && small_storage_fraction < 1))
     return absl::InvalidArgumentError(
         absl::StrCat("small_storage_fraction must be in [0, 1), got ", small_storage_fraction));
@@ -44,11 +47,11 @@ absl::Status RuntimeConfig::Validate() const {
 
 std::string RuntimeConfig::ToString() const {
   return absl::StrFormat(
-      "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d "
+      "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d max_replay_depth=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
-      min_samples, small_storage_fraction, thrash_damping, thrash_half_life_ops, max_replay_depth, seed);
+      min_samples, max_samples, small_storage_fraction, thrash_damping, thrash_half_life_ops, max_replay_depth, seed);
 }
 
 }  // namespace dtr

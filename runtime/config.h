@@ -34,9 +34,11 @@ struct RuntimeConfig {
   HeuristicKind heuristic = HeuristicKind::kDtrEq;
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
-  // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates.
+  // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates, at most
+  // max_samples (0: no limit): Note [Victim search] (runtime.cc) says why 64.
   double sample_factor = 1.0;
   uint32_t min_samples = 32;
+  uint32_t max_samples = 64;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 #include "runtime/evicted_components.h"
 #include "runtime/ids.h"
 
@@ -16,26 +17,24 @@ namespace dtr {
 
 enum class StorageState { kResident, kEvicted, kBanished };
 
+// Field order matters: what a victim search reads of a candidate (Runtime::ChooseVictim) comes
+// first, within the two cache lines SlotMap::Prefetch loads.
 struct StorageRecord {
+  // ---- read for every candidate of a victim search ----
   uint64_t size = 0;
-  StorageState state = StorageState::kResident;
-  // The ops that (re)compute this storage, in order: the op that created it, then any in-place
-  // ops applied since. Empty for constants (parameters, inputs, unreplayable outputs).
-  absl::InlinedVector<OpId, 2> recipe;
   double cost = 0;           // sum of the recipe ops' costs (c0 in the paper)
   double last_access = 0;    // runtime clock at the last op that read or wrote it
   uint32_t locks = 0;        // transient: held while an op that needs it is being computed
-  uint32_t pins = 0;         // user pins: never evicted while > 0
   uint32_t external_refs = 0;
-  // Ops that read this storage and that some live storage's recipe still contains.
-  absl::InlinedVector<OpId, 4> readers;
-  EvictedComponents::Node component = EvictedComponents::kNone;  // valid while evicted
-  uint32_t pool_index = UINT32_MAX;  // position in the evictable pool, if there
-  uint64_t handle = 0;               // opaque to the runtime: the backend's buffer handle
   // Note [Thrashing]
   double recent_remats = 0;
   uint64_t last_remat_op = 0;
-  uint64_t remat_count = 0;
+  // Ops that read this storage and that some live storage's recipe still contains.
+  absl::InlinedVector<OpId, 4> readers;
+  StorageState state = StorageState::kResident;
+  // Note [Evicted-neighbor hint] (runtime.cc): false means no neighbor is evicted.
+  bool neighbor_evicted = false;
+  // ---- the rest ----
   // Banishing waits for evicted dependents; it is retried whenever the storage is unlocked,
   // which happens after every rematerialization of a dependent (they lock their deps).
   bool banish_pending = false;
@@ -44,6 +43,14 @@ struct StorageRecord {
   // Resident but only part of its recipe replayed (Note [Rematerialization]): its contents are
   // not final, so it counts as evicted for banishing.
   bool rebuilding = false;
+  uint32_t pins = 0;                 // user pins: never evicted while > 0
+  uint32_t pool_index = UINT32_MAX;  // position in the evictable pool, if there
+  // The ops that (re)compute this storage, in order: the op that created it, then any in-place
+  // ops applied since. Empty for constants (parameters, inputs, unreplayable outputs).
+  absl::InlinedVector<OpId, 2> recipe;
+  EvictedComponents::Node component = EvictedComponents::kNone;  // valid while evicted
+  uint64_t handle = 0;               // opaque to the runtime: the backend's buffer handle
+  uint64_t remat_count = 0;
   // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;
@@ -53,7 +60,7 @@ struct StorageRecord {
 };
 
 struct OpRecord {
-  std::string name;
+  absl::string_view name;  // interned by the runtime (Runtime::InternName): lives as long as it
   absl::InlinedVector<StorageId, 4> inputs;   // distinct storages read
   absl::InlinedVector<StorageId, 2> outputs;  // storages written (created or mutated in place)
   absl::InlinedVector<uint64_t, 2> output_sizes;  // bytes each output occupies while replaying

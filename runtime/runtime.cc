@@ -55,6 +55,12 @@ namespace dtr {
 // made sampled search thrash on TreeLSTM traces. Exact mode scores all n. Storages smaller than
 // small_storage_fraction of the pool's mean size are skipped unless nothing else is evictable.
 // Scores are multiplied by (1 + thrash_damping * decayed recent remats), Note [Thrashing].
+// The sample stops growing at max_samples (64): the best of K uniform draws lies in the best
+// q of the pool with probability 1 - (1 - q)^K whatever n is, and the carried runners-up add
+// to it. On a generated TreeLSTM of 680k events (50k storages in the pool) the cap cost 0.2%
+// of compute at r = 0.3 (1.2447x against 1.2422x with sqrt(n), about 150 a search; 128 gave
+// 1.2428x, 32 gave 1.2496x) and made each decision a fixed price, not one that grows with n
+// (bench/results/runtime.md).
 //
 // Note [Rematerialization]
 // Materialize runs on an explicit stack of frames, one per storage being brought back. A frame
@@ -133,7 +139,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeConfig& co
 }
 
 Runtime::Runtime(const RuntimeConfig& config, ReplayBackend* backend)
-    : config_(config), backend_(backend), rng_(config.seed) {}
+    : config_(config), backend_(backend), neighborhood_(InfoFor(config.heuristic).neighborhood),
+      rng_(config.seed) {}
 
 const RuntimeStats& Runtime::stats() const {
   stats_.memory_bytes = memory_;
@@ -145,6 +152,14 @@ absl::StatusOr<StorageRecord*> Runtime::Lookup(StorageId id, absl::string_view w
   if (r == nullptr)
     return absl::NotFoundError(absl::StrCat(what, ": unknown or already collected ", IdString(id)));
   return r;
+}
+
+absl::string_view Runtime::InternName(absl::string_view name) {
+  // Op names repeat (a few hundred distinct ones in a training step): one copy each, no
+  // allocation per recorded op. node_hash_set keeps the strings in place when it rehashes.
+  auto it = op_names_.find(name);
+  if (it == op_names_.end()) it = op_names_.emplace(name).first;
+  return *it;
 }
 
 void Runtime::AdvanceClock(double cost) {
@@ -190,7 +205,7 @@ absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
 absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                          InputList* distinct) {
   for (StorageId in : ids)
-    if (auto r = Lookup(in, absl::StrCat("input of ", op_name)); !r.ok()) return r.status();
+    if (!storages_.Contains(in)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
   // Locked before any is brought back, so that bringing one back cannot evict another.
   for (StorageId in : ids)
     if (!ContainsValue(*distinct, in)) distinct->push_back(in);
@@ -219,7 +234,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   for (StorageId in : inputs) op_bytes += rec(in).size;
   stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
   NoteFloor(inputs, out_bytes);
-  if (absl::Status s = Reserve(out_bytes, absl::StrCat("outputs of ", call.name)); !s.ok()) {
+  if (absl::Status s = Reserve(out_bytes, "outputs of ", call.name); !s.ok()) {
     unlock_inputs();
     return s;
   }
@@ -248,7 +263,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
 
   if (call.replayable && !outputs.empty()) {
     OpRecord op;
-    op.name = std::string(call.name);
+    op.name = InternName(call.name);
     op.inputs.assign(inputs.begin(), inputs.end());
     op.outputs.assign(outputs.begin(), outputs.end());
     op.output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());
@@ -318,7 +333,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     // restarts here.
     if (overwrites) ClearRecipe(m);
     OpRecord op;
-    op.name = std::string(call.name);
+    op.name = InternName(call.name);
     for (StorageId in : inputs)
       if (in != m) op.inputs.push_back(in);
     op.outputs.push_back(m);
@@ -557,9 +572,21 @@ void Runtime::SyncPool(StorageId id) {
 
 // ---- Victim search --------------------------------------------------------------------------
 
+// Note [Evicted-neighbor hint]
+// Most candidates have no evicted neighbor, and finding that out walks the recipe and reader
+// ops: a cache miss per hop, ~0.8 us a candidate once the records outgrow the cache. So each
+// storage carries `neighbor_evicted`, set on all its neighbors when one is evicted
+// (EvictUnchecked is the only way a storage leaves residence; an evicted neighbor gets it too,
+// for when it comes back) and cleared when a walk finds no evicted neighbor. It is sticky, never
+// wrong when false: a storage only gains a neighbor by an op that reads or writes both, and that
+// op makes both resident first. So a false flag means a neighborhood cost of 0 without a walk.
+// CheckInvariants verifies it.
 double Runtime::NeighborhoodCost(StorageId id) {
-  NeighborhoodKind kind = InfoFor(config_.heuristic).neighborhood;
+  const NeighborhoodKind kind = neighborhood_;
   if (kind == NeighborhoodKind::kNone) return 0;
+  StorageRecord& self = rec(id);
+  if (!self.neighbor_evicted) return 0;
+  bool any_evicted = false;
   if (kind == NeighborhoodKind::kUnionFind) {
     absl::InlinedVector<EvictedComponents::Node, 8> roots;
     double cost = 0;
@@ -567,6 +594,7 @@ double Runtime::NeighborhoodCost(StorageId id) {
       const StorageRecord& r = rec(n);
       ++stats_.neighborhood_visits;
       if (r.resident()) return;
+      any_evicted = true;
       EvictedComponents::Node root = components_.Find(r.component);
       if (ContainsValue(roots, root)) return;
       roots.push_back(root);
@@ -578,6 +606,7 @@ double Runtime::NeighborhoodCost(StorageId id) {
     for (OpId op_id : rec(id).readers)
       for (StorageId o : ops_[op_id].outputs)
         if (o != id && storages_.Contains(o) && ContainsValue(rec(o).recipe, op_id)) visit(o);
+    if (!any_evicted) self.neighbor_evicted = false;
     return cost;
   }
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages.
@@ -593,13 +622,17 @@ double Runtime::NeighborhoodCost(StorageId id) {
       ++stats_.neighborhood_visits;
       const StorageRecord& r = rec(n);
       if (r.resident() || !seen.insert(n.packed()).second) continue;
+      any_evicted = true;
       cost += r.cost;
       if (upward) Deps(n, &next); else Dependents(n, &next);
       frontier.insert(frontier.end(), next.begin(), next.end());
     }
   };
   walk(/*upward=*/true);
-  if (kind == NeighborhoodKind::kExact) walk(/*upward=*/false);
+  if (kind == NeighborhoodKind::kExact) {
+    walk(/*upward=*/false);
+    if (!any_evicted) self.neighbor_evicted = false;  // both directions were looked at
+  }
   return cost;
 }
 
@@ -650,18 +683,36 @@ bool Runtime::ChooseVictim(StorageId* victim) {
   };
   size_t samples = std::max<size_t>(config_.min_samples,
                                     size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
+  if (config_.max_samples > 0) samples = std::min<size_t>(samples, config_.max_samples);
   if (config_.search == SearchMode::kSampled && samples < n) {
     // The best candidates of earlier searches compete again (Note [Victim search]).
     for (StorageId id : carried_)
       if (storages_.Contains(id) && rec(id).pool_index != UINT32_MAX) consider(id);
+    // Draw the whole sample first and prefetch its records: the scoring loop then finds them in
+    // cache instead of taking a miss per candidate (the pool is in no useful memory order).
     std::uniform_int_distribution<size_t> pick(0, n - 1);
-    for (size_t i = 0; i < samples; ++i) consider(pool_[pick(rng_)]);
-    // Carry the runners-up (distinct, best first) into the next search.
-    std::sort(scored_.begin(), scored_.end());
-    carried_.clear();
-    for (const auto& [score, id] : scored_) {
-      if (carried_.size() == kCarriedCandidates) break;
-      if (id != best_id && (carried_.empty() || carried_.back() != id)) carried_.push_back(id);
+    sample_.clear();
+    for (size_t i = 0; i < samples; ++i) {
+      StorageId id = pool_[pick(rng_)];
+      storages_.Prefetch(id);
+      sample_.push_back(id);
+    }
+    for (StorageId id : sample_) consider(id);
+    // Carry the runners-up (distinct, best first) into the next search. Only the head needs
+    // sorting: a sample may hold a storage more than once, so the head is twice the carried
+    // count, and all of it is sorted in the rare case that is still too few.
+    size_t keep = std::min(scored_.size(), 2 * kCarriedCandidates + 1);
+    std::nth_element(scored_.begin(), scored_.begin() + keep - (keep > 0), scored_.end());
+    std::sort(scored_.begin(), scored_.begin() + keep);
+    for (bool retried = false;; retried = true) {
+      carried_.clear();
+      for (size_t i = 0; i < keep && carried_.size() < kCarriedCandidates; ++i) {
+        StorageId id = scored_[i].second;
+        if (id != best_id && (carried_.empty() || carried_.back() != id)) carried_.push_back(id);
+      }
+      if (retried || carried_.size() == kCarriedCandidates || keep == scored_.size()) break;
+      keep = scored_.size();
+      std::sort(scored_.begin(), scored_.end());
     }
   }
   if (!best_id.valid()) {
@@ -685,12 +736,17 @@ void Runtime::EvictUnchecked(StorageId id, bool eager) {
   r.component = node;
   ++evicted_count_;
   std::vector<StorageId>& neighbours = scratch_;
+  auto join = [&] {
+    for (StorageId n : neighbours) {
+      StorageRecord& nr = rec(n);
+      nr.neighbor_evicted = true;  // Note [Evicted-neighbor hint]: an evicted one may come back
+      if (!nr.resident()) components_.Union(node, nr.component);
+    }
+  };
   Deps(id, &neighbours);
-  for (StorageId n : neighbours)
-    if (!rec(n).resident()) components_.Union(node, rec(n).component);
+  join();
   Dependents(id, &neighbours);
-  for (StorageId n : neighbours)
-    if (!rec(n).resident()) components_.Union(node, rec(n).component);
+  join();
   ++stats_.evictions;
   if (eager) ++stats_.eager_evictions;
   MaybeCompactComponents();
@@ -710,11 +766,11 @@ void Runtime::MaybeCompactComponents() {
   for (size_t i = 0; i < evicted.size(); ++i) rec(evicted[i]).component = fresh[i];
 }
 
-absl::Status Runtime::Reserve(uint64_t bytes, absl::string_view what) {
+absl::Status Runtime::Reserve(uint64_t bytes, absl::string_view what, absl::string_view subject) {
   if (config_.budget_bytes == kUnlimitedBudget) return absl::OkStatus();
   while (memory_ + bytes > config_.budget_bytes) {
     StorageId victim;
-    if (!ChooseVictim(&victim)) return InfeasibleError(bytes, what);
+    if (!ChooseVictim(&victim)) return InfeasibleError(bytes, absl::StrCat(what, subject));
     EvictUnchecked(victim, /*eager=*/false);
   }
   return absl::OkStatus();
@@ -895,7 +951,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
     replay_bytes += op.output_sizes[i];
   }
-  if (absl::Status s = Reserve(replay_bytes, absl::StrCat("rematerializing ", op.name)); !s.ok()) return s;
+  if (absl::Status s = Reserve(replay_bytes, "rematerializing ", op.name); !s.ok()) return s;
   UpdatePeak(replay_bytes);
   absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
   if (!cost.ok()) return cost.status();
@@ -1103,6 +1159,20 @@ absl::Status Runtime::CheckInvariants() const {
     if (r.resident()) {
       resident_sum += r.size;
       if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
+      if (!r.neighbor_evicted) {  // Note [Evicted-neighbor hint]
+        auto evicted_neighbor = [&](StorageId n) {
+          const StorageRecord* nr = storages_.Find(n);
+          if (n != id && nr != nullptr && !nr->resident())
+            status = fail(IdString(id), " has evicted neighbor ", IdString(n), " but no hint");
+        };
+        for (OpId op : r.recipe)
+          for (StorageId in : ops_[op].inputs) evicted_neighbor(in);
+        for (OpId op : r.readers)
+          for (StorageId o : ops_[op].outputs) {
+            const StorageRecord* orec = storages_.Find(o);
+            if (orec != nullptr && ContainsValue(orec->recipe, op)) evicted_neighbor(o);
+          }
+      }
     } else {
       ++evicted;
       if (!r.rematerializable()) status = fail(IdString(id), " evicted without a recipe");

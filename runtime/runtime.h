@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/container/node_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -94,8 +95,9 @@ class Runtime {
 
   // ---- Memory ------------------------------------------------------------------------------
   // Evicts until memory() + bytes <= budget, or fails with ResourceExhausted explaining what
-  // was needed and pinned and what budget would have worked. `what` names the request.
-  absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // was needed and pinned and what budget would have worked. `what` and `subject` name the
+  // request (joined only for the error, so the common path builds no string).
+  absl::Status Reserve(uint64_t bytes, absl::string_view what, absl::string_view subject = {});
   // Evicts storages (lowest score first) until at least `bytes` were freed or none is
   // evictable; returns the bytes freed. For an allocator that enforces the budget itself.
   uint64_t EvictAtLeast(uint64_t bytes);
@@ -142,6 +144,7 @@ class Runtime {
   absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
+  absl::string_view InternName(absl::string_view name);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   void Lock(StorageId id);
   void Unlock(StorageId id);
@@ -188,8 +191,10 @@ class Runtime {
 
   RuntimeConfig config_;
   ReplayBackend* backend_;
+  NeighborhoodKind neighborhood_;  // of config_.heuristic
   SlotMap<StorageId, StorageRecord> storages_;
   SlotMap<OpId, OpRecord> ops_;
+  absl::node_hash_set<std::string> op_names_;  // OpRecord::name points into it
   EvictedComponents components_;
   std::vector<StorageId> pool_;
   uint64_t memory_ = 0;
@@ -200,6 +205,7 @@ class Runtime {
   static constexpr size_t kCarriedCandidates = 16;
   std::vector<StorageId> carried_;                     // Note [Victim search]
   std::vector<std::pair<double, StorageId>> scored_;   // scratch for one search
+  std::vector<StorageId> sample_;                      // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
   std::mt19937_64 rng_;

@@ -49,6 +49,15 @@ class SlotMap {
   T& operator[](Id id) { return *slots_[id.index].value; }
   const T& operator[](Id id) const { return *slots_[id.index].value; }
 
+  // Starts loading the first 128 bytes of a slot (wherever its cache lines begin), for a caller
+  // about to visit many records at random.
+  void Prefetch(Id id) const {
+    if (id.index >= slots_.size()) return;
+    const char* p = reinterpret_cast<const char*>(&slots_[id.index]);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+    __builtin_prefetch(p + 127);
+  }
   size_t size() const { return size_; }
 
   // Calls fn(id, value) for every live record.

@@ -2,7 +2,8 @@
 # The budget sweep benchmark on a fresh Debian 12 machine: sets up the venv with dtr installed
 # (scripts/setup.sh), builds dtr-sim and dtr-chain in Release and runs bench/sweep.py, which writes
 # bench/results/<device>.md, <device>.json and <device>_<model>.png, then bench/activation_budgets.py
-# (bench/results/activations.md) and the DDP overhead (bench/results/ddp.md).
+# (bench/results/activations.md), the per-op overhead (bench/op_overhead.py) and the DDP overhead
+# (bench/results/ddp.md).
 #   bash scripts/bench.sh                       all seven models, CPU (under 20 minutes on 2 cores)
 #   bash scripts/bench.sh --quick               smoke run: 2 models, 3 budgets, 1 heuristic (< 1 min)
 #   bash scripts/bench.sh --device cuda         the same on a GPU machine
@@ -25,6 +26,9 @@ echo "== bench.sh: sweep took $(( $(date +%s) - start )) s"
 
 echo "== budgets on activations in dtr-sim -> bench/results/activations.md"
 "$VENV_PY" bench/activation_budgets.py --build "$build" --out bench/results/activations.md
+
+echo "== per-op bookkeeping on small CPU ops, side by side with plain PyTorch (bench/results/runtime.md)"
+"$VENV_PY" bench/op_overhead.py
 
 echo "== 2-rank DDP overhead (gloo, CPU) -> bench/results/ddp.md"
 "$VENV_PY" bench/ddp_overhead.py --out bench/results/ddp.md

@@ -104,3 +104,20 @@ def test_activation_budgets_table(tmp_path):
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     ratios = [float(c[:-1]) for c in cells[4:] if c.endswith("x")]
     assert ratios and ratios[0] == 1.0 and all(x >= 1.0 for x in ratios) and ratios[-1] > 1.0, cells
+
+
+def test_op_overhead_reports_each_mode_against_plain():
+    """bench/op_overhead.py, one short round: a row per mode, plain at 1.00x, and dtr's modes
+    slower than plain (the fallback does work on every op, so a ratio below 1 would mean dtr was
+    not enabled in its process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
+    r = subprocess.run([PY, os.path.join(REPO, "bench", "op_overhead.py"), "--rounds", "1", "--ops", "3000"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = {}
+    for line in r.stdout.splitlines()[1:]:
+        mode, rest = line[:14].strip(), line[14:].split()
+        rows[mode] = float(rest[1].rstrip("x"))
+    assert set(rows) == {"plain", "no budget", "1 TiB budget"}, r.stdout
+    assert rows["plain"] == 1.0
+    assert rows["no budget"] > 1.0 and rows["1 TiB budget"] > 1.0, r.stdout

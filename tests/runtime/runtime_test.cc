@@ -29,14 +29,14 @@ class FakeBackend : public ReplayBackend {
       if (r == nullptr || !r->resident()) return absl::InternalError("replay with a non-resident input");
       if (r->locks == 0) return absl::InternalError("replay with an unlocked input");
     }
-    replays.push_back(op.name);
+    replays.emplace_back(op.name);
     keeps.emplace_back(keep.begin(), keep.end());
     return op.cost;
   }
   void Release(StorageId id, const StorageRecord&, bool permanently) override {
     releases.push_back({id, permanently});
   }
-  void OnOpDropped(OpId, const OpRecord& op) override { dropped_ops.push_back(op.name); }
+  void OnOpDropped(OpId, const OpRecord& op) override { dropped_ops.emplace_back(op.name); }
 };
 
 class RuntimeTest : public ::testing::Test {
@@ -538,6 +538,38 @@ TEST_F(RuntimeTest, NeighborhoodCostsMatchTheirDefinitions) {
   }
 }
 
+// Note [Evicted-neighbor hint]: a storage evicted before its neighbor comes back knowing the
+// neighbor is evicted, and the hint is dropped once a search finds no evicted neighbor.
+TEST_F(RuntimeTest, EvictedNeighborHintFollowsStoragesBackIntoResidence) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.thrash_damping = 0;  // scores without Note [Thrashing]'s factor for the remats below
+  Make(config);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 2, 1);
+  StorageId b = Op1("b", {a}, 2, 8);
+  StorageId c = Op1("c", {b}, 2, 4);
+  auto score_without_neighbors = [&](StorageId id) {
+    const StorageRecord& r = *rt_->storage(id);
+    return r.cost / (double(r.size) * (rt_->now() - r.last_access + 1));
+  };
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score_without_neighbors(a));
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->Evict(b).ok());  // a is evicted when its neighbor b goes
+  Check();
+  ASSERT_TRUE(rt_->Access(a, 0).ok());  // brings a back; b stays evicted
+  ASSERT_TRUE(Resident(a));
+  ASSERT_FALSE(Resident(b));
+  Check();
+  const StorageRecord& ra = *rt_->storage(a);
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), (ra.cost + 8) / (double(ra.size) * (rt_->now() - ra.last_access + 1)));
+  ASSERT_TRUE(rt_->Access(c, 0).ok());
+  ASSERT_TRUE(rt_->Access(b, 0).ok());  // every neighbor of a resident again
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score_without_neighbors(a));
+  EXPECT_FALSE(rt_->storage(a)->neighbor_evicted);  // the walk found none and said so
+  Check();
+}
+
 // Note [Deferred op costs]: a cost corrected after recording reaches the op, the storages whose
 // recipe holds it, and the evicted neighborhoods they belong to.
 TEST_F(RuntimeTest, DeferredCostCorrectionsReachRecipesAndEvictedNeighborhoods) {
@@ -582,26 +614,30 @@ TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
   EXPECT_GT(scores[1], 3.5 * scores[0]);  // three recent remats: about 4x
 }
 
-TEST_F(RuntimeTest, SampledSearchScoresAboutSqrtNCandidates) {
-  RuntimeConfig config;
-  config.search = SearchMode::kSampled;
-  config.heuristic = HeuristicKind::kLru;
-  Make(config);
-  StorageId x = Const(1);
-  uint64_t size = 1;
-  // A chain, so that every storage but the last has a reader (Note [Results awaiting their
-  // reader]: the last is a victim of last resort and not scored).
-  for (int i = 0; i < 10001; ++i) {
-    auto out = rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
-                            [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
-    ASSERT_TRUE(out.ok());
-    x = (*out)[0];
+// Note [Victim search]: sqrt(n) candidates a search, at least min_samples, at most max_samples.
+TEST_F(RuntimeTest, SampledSearchScoresSqrtNCandidatesUpToMaxSamples) {
+  for (uint32_t max_samples : {0u, RuntimeConfig().max_samples}) {
+    RuntimeConfig config;
+    config.search = SearchMode::kSampled;
+    config.heuristic = HeuristicKind::kLru;
+    config.max_samples = max_samples;
+    Make(config);
+    StorageId x = Const(1);
+    uint64_t size = 1;
+    // A chain, so that every storage but the last has a reader (Note [Results awaiting their
+    // reader]: the last is a victim of last resort and not scored).
+    for (int i = 0; i < 10001; ++i) {
+      auto out = rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
+                              [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+      ASSERT_TRUE(out.ok());
+      x = (*out)[0];
+    }
+    uint64_t before = rt_->stats().candidates_scored;
+    ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+    EXPECT_EQ(rt_->stats().evictions, 1u);
+    EXPECT_EQ(rt_->stats().candidates_scored - before, max_samples == 0 ? 100u : 64u) << max_samples;
+    Check();
   }
-  uint64_t before = rt_->stats().candidates_scored;
-  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
-  EXPECT_EQ(rt_->stats().evictions, 1u);
-  EXPECT_EQ(rt_->stats().candidates_scored - before, 100u);
-  Check();
 }
 
 TEST_F(RuntimeTest, ExactSearchFindsTheGlobalMinimumAndSkipsTinyStorages) {
