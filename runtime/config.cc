@@ -32,9 +32,6 @@ absl::Status RuntimeConfig::Validate() const {
   if (!(sample_factor > 0) || !std::isfinite(sample_factor))
     return absl::InvalidArgumentError(absl::StrCat("sample_factor must be > 0, got ", sample_factor));
   if (min_samples == 0) return absl::InvalidArgumentError("min_samples must be >= 1");
-  if (max_samples != 0 && max_samples < min_samples)
-    return absl::InvalidArgumentError(absl::StrCat("max_samples must be 0 (no limit) or >= min_samples (",
-                                                   min_samples, "), got ", max_samples));
   if (!(small_storage_fraction >= 0 && small_storage_fraction < 1))
     return absl::InvalidArgumentError(
         absl::StrCat("small_storage_fraction must be in [0, 1), got ", small_storage_fraction));

@@ -35,7 +35,8 @@ struct RuntimeConfig {
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
   // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates, at most
-  // max_samples (0: no limit): Note [Victim search] (runtime.cc) says why 64.
+  // max(max_samples, min_samples) (max_samples 0: no limit): Note [Victim search] (runtime.cc)
+  // says why 64.
   double sample_factor = 1.0;
   uint32_t min_samples = 32;
   uint32_t max_samples = 64;

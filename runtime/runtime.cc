@@ -683,7 +683,8 @@ bool Runtime::ChooseVictim(StorageId* victim) {
   };
   size_t samples = std::max<size_t>(config_.min_samples,
                                     size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
-  if (config_.max_samples > 0) samples = std::min<size_t>(samples, config_.max_samples);
+  if (config_.max_samples > 0)
+    samples = std::min<size_t>(samples, std::max(config_.max_samples, config_.min_samples));
   if (config_.search == SearchMode::kSampled && samples < n) {
     // The best candidates of earlier searches compete again (Note [Victim search]).
     for (StorageId id : carried_)
@@ -1165,13 +1166,16 @@ absl::Status Runtime::CheckInvariants() const {
           if (n != id && nr != nullptr && !nr->resident())
             status = fail(IdString(id), " has evicted neighbor ", IdString(n), " but no hint");
         };
+        // Dropped ops are reported by the recipe and reader checks below.
         for (OpId op : r.recipe)
-          for (StorageId in : ops_[op].inputs) evicted_neighbor(in);
+          if (const OpRecord* o = ops_.Find(op))
+            for (StorageId in : o->inputs) evicted_neighbor(in);
         for (OpId op : r.readers)
-          for (StorageId o : ops_[op].outputs) {
-            const StorageRecord* orec = storages_.Find(o);
-            if (orec != nullptr && ContainsValue(orec->recipe, op)) evicted_neighbor(o);
-          }
+          if (const OpRecord* o = ops_.Find(op))
+            for (StorageId out : o->outputs) {
+              const StorageRecord* orec = storages_.Find(out);
+              if (orec != nullptr && ContainsValue(orec->recipe, op)) evicted_neighbor(out);
+            }
       }
     } else {
       ++evicted;

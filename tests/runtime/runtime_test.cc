@@ -616,11 +616,13 @@ TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
 
 // Note [Victim search]: sqrt(n) candidates a search, at least min_samples, at most max_samples.
 TEST_F(RuntimeTest, SampledSearchScoresSqrtNCandidatesUpToMaxSamples) {
-  for (uint32_t max_samples : {0u, RuntimeConfig().max_samples}) {
+  // {max_samples, min_samples}: no cap; the default cap; a cap below the floor (the floor wins).
+  for (auto [max_samples, min_samples] : {std::pair{0u, 32u}, std::pair{64u, 32u}, std::pair{20u, 50u}}) {
     RuntimeConfig config;
     config.search = SearchMode::kSampled;
     config.heuristic = HeuristicKind::kLru;
     config.max_samples = max_samples;
+    config.min_samples = min_samples;
     Make(config);
     StorageId x = Const(1);
     uint64_t size = 1;
@@ -635,7 +637,8 @@ TEST_F(RuntimeTest, SampledSearchScoresSqrtNCandidatesUpToMaxSamples) {
     uint64_t before = rt_->stats().candidates_scored;
     ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
     EXPECT_EQ(rt_->stats().evictions, 1u);
-    EXPECT_EQ(rt_->stats().candidates_scored - before, max_samples == 0 ? 100u : 64u) << max_samples;
+    const uint64_t expected = max_samples == 0 ? 100 : std::max(max_samples, min_samples);
+    EXPECT_EQ(rt_->stats().candidates_scored - before, expected) << max_samples << " " << min_samples;
     Check();
   }
 }
