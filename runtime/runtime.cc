@@ -600,12 +600,7 @@ double Runtime::NeighborhoodCost(StorageId id) {
       roots.push_back(root);
       cost += components_.Cost(root);
     };
-    for (OpId op : rec(id).recipe)
-      for (StorageId in : ops_[op].inputs)
-        if (in != id) visit(in);
-    for (OpId op_id : rec(id).readers)
-      for (StorageId o : ops_[op_id].outputs)
-        if (o != id && storages_.Contains(o) && ContainsValue(rec(o).recipe, op_id)) visit(o);
+    ForEachNeighbor(id, visit);
     if (!any_evicted) self.neighbor_evicted = false;
     return cost;
   }
@@ -702,18 +697,20 @@ bool Runtime::ChooseVictim(StorageId* victim) {
     // Carry the runners-up (distinct, best first) into the next search. Only the head needs
     // sorting: a sample may hold a storage more than once, so the head is twice the carried
     // count, and all of it is sorted in the rare case that is still too few.
-    size_t keep = std::min(scored_.size(), 2 * kCarriedCandidates + 1);
-    std::nth_element(scored_.begin(), scored_.begin() + keep - (keep > 0), scored_.end());
-    std::sort(scored_.begin(), scored_.begin() + keep);
-    for (bool retried = false;; retried = true) {
+    auto carry = [&](size_t head) {
       carried_.clear();
-      for (size_t i = 0; i < keep && carried_.size() < kCarriedCandidates; ++i) {
+      for (size_t i = 0; i < head && carried_.size() < kCarriedCandidates; ++i) {
         StorageId id = scored_[i].second;
         if (id != best_id && (carried_.empty() || carried_.back() != id)) carried_.push_back(id);
       }
-      if (retried || carried_.size() == kCarriedCandidates || keep == scored_.size()) break;
-      keep = scored_.size();
+    };
+    const size_t head = std::min(scored_.size(), 2 * kCarriedCandidates + 1);
+    if (head < scored_.size()) std::nth_element(scored_.begin(), scored_.begin() + head, scored_.end());
+    std::sort(scored_.begin(), scored_.begin() + head);
+    carry(head);
+    if (carried_.size() < kCarriedCandidates && head < scored_.size()) {
       std::sort(scored_.begin(), scored_.end());
+      carry(scored_.size());
     }
   }
   if (!best_id.valid()) {
@@ -1161,21 +1158,12 @@ absl::Status Runtime::CheckInvariants() const {
       resident_sum += r.size;
       if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
       if (!r.neighbor_evicted) {  // Note [Evicted-neighbor hint]
-        auto evicted_neighbor = [&](StorageId n) {
+        // Dropped ops are skipped here and reported by the recipe and reader checks below.
+        ForEachNeighbor(id, [&](StorageId n) {
           const StorageRecord* nr = storages_.Find(n);
-          if (n != id && nr != nullptr && !nr->resident())
+          if (nr != nullptr && !nr->resident())
             status = fail(IdString(id), " has evicted neighbor ", IdString(n), " but no hint");
-        };
-        // Dropped ops are reported by the recipe and reader checks below.
-        for (OpId op : r.recipe)
-          if (const OpRecord* o = ops_.Find(op))
-            for (StorageId in : o->inputs) evicted_neighbor(in);
-        for (OpId op : r.readers)
-          if (const OpRecord* o = ops_.Find(op))
-            for (StorageId out : o->outputs) {
-              const StorageRecord* orec = storages_.Find(out);
-              if (orec != nullptr && ContainsValue(orec->recipe, op)) evicted_neighbor(out);
-            }
+        });
       }
     } else {
       ++evicted;

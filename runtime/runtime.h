@@ -8,6 +8,7 @@
 #ifndef DTR_RUNTIME_RUNTIME_H_
 #define DTR_RUNTIME_RUNTIME_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -154,6 +155,25 @@ class Runtime {
   void NoteFloor(const InputList& inputs, uint64_t out_bytes);
 
   // Dependencies and dependents over live recipes (Note [Recipes]).
+  // Calls fn(n) for each neighbor n of `id`: inputs of its recipe ops, and outputs of its
+  // reader ops whose recipe holds that op (either may repeat). The relation Deps, Dependents
+  // and Note [Evicted-neighbor hint] are about. Ops no longer recorded are skipped.
+  template <typename Fn>
+  void ForEachNeighbor(StorageId id, Fn&& fn) const {
+    const StorageRecord& r = storages_[id];
+    for (OpId op : r.recipe)
+      if (const OpRecord* o = ops_.Find(op))
+        for (StorageId in : o->inputs)
+          if (in != id) fn(in);
+    for (OpId op : r.readers)
+      if (const OpRecord* o = ops_.Find(op))
+        for (StorageId out : o->outputs) {
+          if (out == id) continue;
+          const StorageRecord* orec = storages_.Find(out);
+          if (orec != nullptr && std::find(orec->recipe.begin(), orec->recipe.end(), op) != orec->recipe.end())
+            fn(out);
+        }
+  }
   void Deps(StorageId id, std::vector<StorageId>* out);
   void Dependents(StorageId id, std::vector<StorageId>* out);
   bool HasEvictedDependent(StorageId id);
