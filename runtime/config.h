@@ -23,7 +23,7 @@ enum class DeallocPolicy {
   kBanish,      // free it for good once no evicted dependent needs it; dependents become constants
 };
 
-// How the victim is found (Note [Victim search] in runtime.cc).
+// How the victim is found (Note [Victim search] in eviction_search.cc).
 enum class SearchMode {
   kSampled,  // score ceil(sqrt(n)) random candidates (the prototype's optimization); default
   kExact,    // score every evictable storage
@@ -35,8 +35,8 @@ struct RuntimeConfig {
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
   // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates, at most
-  // max(max_samples, min_samples) (max_samples 0: no limit): Note [Victim search] (runtime.cc)
-  // says why 64.
+  // max(max_samples, min_samples) (max_samples 0: no limit): Note [Victim search]
+  // (eviction_search.cc) says why 64.
   double sample_factor = 1.0;
   uint32_t min_samples = 32;
   uint32_t max_samples = 64;

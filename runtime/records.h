@@ -1,6 +1,6 @@
 // The runtime's records: a StorageRecord per buffer the program computed (or was given), and an
 // OpRecord per recorded operator call that some live storage may need to replay.
-// See Note [Recipes] and Note [Record lifetime] in runtime.cc for how they relate.
+// See Note [Recipes] (runtime.cc) and Note [Record lifetime] (lifetime.cc) for how they relate.
 #ifndef DTR_RUNTIME_RECORDS_H_
 #define DTR_RUNTIME_RECORDS_H_
 
@@ -32,7 +32,7 @@ struct StorageRecord {
   // Ops that read this storage and that some live storage's recipe still contains.
   absl::InlinedVector<OpId, 4> readers;
   StorageState state = StorageState::kResident;
-  // Note [Evicted-neighbor hint] (runtime.cc): false means no neighbor is evicted.
+  // Note [Evicted-neighbor hint] (neighborhoods.cc): false means no neighbor is evicted.
   bool neighbor_evicted = false;
   // ---- the rest ----
   // Banishing waits for evicted dependents; it is retried whenever the storage is unlocked,

@@ -5,6 +5,11 @@
 // simulator drive the same code.
 //
 // Not thread-safe: the caller serializes calls (the torch layer holds one mutex around it).
+//
+// Implemented in one file per concept: runtime.cc (creation, the op entry points, the clock,
+// CheckInvariants), lifetime.cc (record lifetime and collection), neighborhoods.cc (deps,
+// dependents, neighborhood cost), eviction_search.cc (pool, victim search, eviction, budget),
+// remat.cc (the rematerialization stack) and mutation.cc (in-place ops). Each holds its Notes.
 #ifndef DTR_RUNTIME_RUNTIME_H_
 #define DTR_RUNTIME_RUNTIME_H_
 
@@ -94,7 +99,7 @@ class Runtime {
   // that was dropped meanwhile.
   absl::Status AddOpCost(OpId id, double delta);
 
-  // ---- Memory ------------------------------------------------------------------------------
+  // ---- Memory (eviction_search.cc) ---------------------------------------------------------
   // Evicts until memory() + bytes <= budget, or fails with ResourceExhausted explaining what
   // was needed and pinned and what budget would have worked. `what` and `subject` name the
   // request (joined only for the error, so the common path builds no string).
@@ -131,7 +136,8 @@ class Runtime {
   // The heuristic's score of a resident storage now (for tests and tools).
   double ScoreOf(StorageId id);
 
-  // Checks every invariant listed in the Notes of runtime.cc. Call between operations.
+  // Checks every invariant listed in the Notes of the runtime's .cc files. Call between
+  // operations.
   absl::Status CheckInvariants() const;
 
  private:
@@ -154,7 +160,7 @@ class Runtime {
   void UpdatePeak(uint64_t transient);
   void NoteFloor(const InputList& inputs, uint64_t out_bytes);
 
-  // Dependencies and dependents over live recipes (Note [Recipes]).
+  // Dependencies and dependents over live recipes (Note [Recipes]); neighborhoods.cc.
   // Calls fn(n) for each neighbor n of `id`: inputs of its recipe ops, and outputs of its
   // reader ops whose recipe holds that op (either may repeat). The relation Deps, Dependents
   // and Note [Evicted-neighbor hint] are about. Ops no longer recorded are skipped.
@@ -178,11 +184,12 @@ class Runtime {
   void Dependents(StorageId id, std::vector<StorageId>* out);
   bool HasEvictedDependent(StorageId id);
 
-  // Evictable pool (Note [Evictable pool]).
+  // Evictable pool (Note [Evictable pool]); eviction_search.cc.
   bool Eligible(const StorageRecord& r) const;
   void SyncPool(StorageId id);
 
-  // Victim search (Note [Victim search]).
+  // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
+  // neighborhoods.cc.
   static bool AwaitsReader(const StorageRecord& r) { return r.external_refs > 0 && r.readers.empty(); }
   double NeighborhoodCost(StorageId id);
   double ScoreUnchecked(StorageId id);
@@ -190,23 +197,27 @@ class Runtime {
   void EvictUnchecked(StorageId id, bool eager);
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
 
-  // Rematerialization (Note [Rematerialization]).
+  // Rematerialization (Note [Rematerialization]); remat.cc.
   absl::Status Materialize(StorageId target);
   absl::Status ReplayFirstOp(StorageId id);
   absl::Status ReplayInPlaceOp(StorageId id, size_t stage);
   absl::Status FinishRemat(StorageId id);
   void NoteRemat(StorageId id);
 
-  // Deallocation and record lifetime (Note [Record lifetime]).
+  // Deallocation and record lifetime (Note [Record lifetime]); lifetime.cc.
   void OnUnreferenced(StorageId id);
-  // Note [Dead constants in accumulating recipes] (runtime.cc).
+  // Note [Dead constants in accumulating recipes] (lifetime.cc).
   void ReleaseDeadConstant(StorageId id);
-  absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
   void Banish(StorageId id);
   void Detach(StorageId id);
   void ClearRecipe(StorageId id);
   void MaybeCollect(StorageId id);
   void DrainCollection();
+
+  // Note [Mutation]; mutation.cc.
+  absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
+
+  // Note [Evicted components] (evicted_components.h); neighborhoods.cc.
   void MaybeCompactComponents();
 
   RuntimeConfig config_;

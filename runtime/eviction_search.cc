@@ -1,0 +1,291 @@
+// Eviction: the pool of evictable storages, the victim search that scores them (sampled or
+// exact, with carried runners-up and thrash damping), evicting a victim, and keeping memory under
+// the budget (Reserve, EvictAtLeast, SetBudget), with the error that explains an infeasible one.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/bytes.h"
+#include "runtime/heuristic.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_internal.h"
+
+namespace dtr {
+
+// Note [Evictable pool]
+// pool_ holds exactly the storages that are resident, rematerializable, unpinned and of nonzero
+// size; pool_index is each one's position. Locks are transient (held during one op), so locked
+// storages stay in the pool and the search skips them.
+//
+// Note [Victim search]
+// Sampled mode scores max(min_samples, ceil(sample_factor * sqrt(n))) uniformly drawn pool
+// entries plus the kCarriedCandidates best runners-up of the previous search (re-scored: scores
+// move with the clock), evicts the lowest, and carries the new runners-up forward. Carrying
+// good candidates across searches (as Redis's approximate LRU does with its eviction pool) keeps
+// sampling from settling on a poor victim when a small sample misses every good one, which
+// made sampled search thrash on TreeLSTM traces. Exact mode scores all n. Storages smaller than
+// small_storage_fraction of the pool's mean size are skipped unless nothing else is evictable.
+// Scores are multiplied by (1 + thrash_damping * decayed recent remats), Note [Thrashing].
+// The sample stops growing at max_samples (64): the best of K uniform draws lies in the best
+// q of the pool with probability 1 - (1 - q)^K whatever n is, and the carried runners-up add
+// to it. On a generated TreeLSTM of 680k events (50k storages in the pool) the cap cost 0.2%
+// of compute at r = 0.3 (1.2447x against 1.2422x with sqrt(n), about 150 a search; 128 gave
+// 1.2428x, 32 gave 1.2496x) and made each decision a fixed price, not one that grows with n
+// (bench/results/runtime.md).
+//
+// Note [Results awaiting their reader]
+// A storage the program holds that no live recipe reads yet is a result waiting for the
+// program: a parameter's gradient between the backward pass and the optimizer step, a loss, an
+// output kept for later. Evicting one saves its bytes only until that read, and bringing it back
+// replays the whole chain behind it (a gradient's is the backward pass up to its layer, whose
+// intermediates are long dead) with that chain's inputs locked; an in-place parameter update
+// must bring every evicted gradient back first (Note [Mutation]). In traces of the benchmark
+// models this was the cliff: the 64-layer chain went from 1.53x at 0.5 of its activations to out
+// of memory at 0.4, and trained down to 0.1 at 3x once gradients were kept. So such storages
+// are victims of last resort: chosen only when nothing else is evictable (they stay in the pool,
+// so a budget that needs them still trains).
+//
+// Note [Thrashing]
+// Each rematerialization adds one to the storage's recent_remats, which halves every
+// thrash_half_life_ops ops. The victim search multiplies the score by
+// (1 + thrash_damping * recent_remats), so a storage that keeps coming back is kept longer;
+// reaching thrash_report_threshold counts a thrash event in the stats.
+
+using runtime_internal::IdString;
+
+// ---- Pool -----------------------------------------------------------------------------------
+
+bool Runtime::Eligible(const StorageRecord& r) const {
+  return r.resident() && r.rematerializable() && r.pins == 0 && r.size > 0;
+}
+
+void Runtime::SyncPool(StorageId id) {
+  StorageRecord& r = rec(id);
+  bool in_pool = r.pool_index != UINT32_MAX;
+  bool eligible = Eligible(r);
+  if (eligible == in_pool) return;
+  if (eligible) {
+    r.pool_index = uint32_t(pool_.size());
+    pool_.push_back(id);
+    pool_bytes_ += r.size;
+  } else {
+    StorageId last = pool_.back();
+    pool_[r.pool_index] = last;
+    rec(last).pool_index = r.pool_index;
+    pool_.pop_back();
+    r.pool_index = UINT32_MAX;
+    pool_bytes_ -= r.size;
+  }
+}
+
+// ---- Victim search --------------------------------------------------------------------------
+
+double Runtime::ScoreUnchecked(StorageId id) {
+  StorageRecord& r = rec(id);
+  ++stats_.candidates_scored;
+  ScoreInputs in;
+  in.cost = r.cost;
+  in.size = double(r.size);
+  in.staleness = std::max(now_ - r.last_access, 0.0) + 1.0;
+  in.neighborhood_cost = NeighborhoodCost(id);
+  in.random = config_.heuristic == HeuristicKind::kRandom
+                  ? std::uniform_real_distribution<double>(0, 1)(rng_)
+                  : 0;
+  double score = Score(config_.heuristic, in);
+  if (config_.thrash_damping > 0 && r.recent_remats > 0) {
+    double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
+    score *= 1 + config_.thrash_damping * r.recent_remats * std::exp2(-age);
+  }
+  return score;
+}
+
+double Runtime::ScoreOf(StorageId id) { return ScoreUnchecked(id); }
+
+bool Runtime::ChooseVictim(StorageId* victim) {
+  size_t n = pool_.size();
+  if (n == 0) return false;
+  ++stats_.eviction_searches;
+  double small = config_.small_storage_fraction * double(pool_bytes_) / double(n);
+  double best = 0, best_small = 0;
+  uint64_t best_unread_size = 0;
+  StorageId best_id, best_small_id, best_unread_id;
+  scored_.clear();
+  auto consider = [&](StorageId id) {
+    const StorageRecord& r = rec(id);
+    if (r.locks > 0) return;
+    if (AwaitsReader(r)) {  // Note [Results awaiting their reader]: last resort
+      if (!best_unread_id.valid() || r.size > best_unread_size) best_unread_size = r.size, best_unread_id = id;
+      return;
+    }
+    double score = ScoreUnchecked(id);
+    if (double(r.size) < small) {
+      if (!best_small_id.valid() || score < best_small) best_small = score, best_small_id = id;
+      return;
+    }
+    scored_.push_back({score, id});
+    if (!best_id.valid() || score < best) best = score, best_id = id;
+  };
+  size_t samples = std::max<size_t>(config_.min_samples,
+                                    size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
+  if (config_.max_samples > 0)
+    samples = std::min<size_t>(samples, std::max(config_.max_samples, config_.min_samples));
+  if (config_.search == SearchMode::kSampled && samples < n) {
+    // The best candidates of earlier searches compete again (Note [Victim search]).
+    for (StorageId id : carried_)
+      if (storages_.Contains(id) && rec(id).pool_index != UINT32_MAX) consider(id);
+    // Draw the whole sample first and prefetch its records: the scoring loop then finds them in
+    // cache instead of taking a miss per candidate (the pool is in no useful memory order).
+    std::uniform_int_distribution<size_t> pick(0, n - 1);
+    sample_.clear();
+    for (size_t i = 0; i < samples; ++i) {
+      StorageId id = pool_[pick(rng_)];
+      storages_.Prefetch(id);
+      sample_.push_back(id);
+    }
+    for (StorageId id : sample_) consider(id);
+    // Carry the runners-up (distinct, best first) into the next search. Only the head needs
+    // sorting: a sample may hold a storage more than once, so the head is twice the carried
+    // count, and all of it is sorted in the rare case that is still too few.
+    auto carry = [&](size_t head) {
+      carried_.clear();
+      for (size_t i = 0; i < head && carried_.size() < kCarriedCandidates; ++i) {
+        StorageId id = scored_[i].second;
+        if (id != best_id && (carried_.empty() || carried_.back() != id)) carried_.push_back(id);
+      }
+    };
+    const size_t head = std::min(scored_.size(), 2 * kCarriedCandidates + 1);
+    if (head < scored_.size()) std::nth_element(scored_.begin(), scored_.begin() + head, scored_.end());
+    std::sort(scored_.begin(), scored_.begin() + head);
+    carry(head);
+    if (carried_.size() < kCarriedCandidates && head < scored_.size()) {
+      std::sort(scored_.begin(), scored_.end());
+      carry(scored_.size());
+    }
+  }
+  if (!best_id.valid()) {
+    best_small_id = best_unread_id = StorageId{};
+    for (size_t i = 0; i < n; ++i) consider(pool_[i]);
+  }
+  if (best_id.valid()) *victim = best_id;
+  else if (best_small_id.valid()) *victim = best_small_id;
+  else if (best_unread_id.valid()) *victim = best_unread_id;
+  else return false;
+  return true;
+}
+
+void Runtime::EvictUnchecked(StorageId id, bool eager) {
+  StorageRecord& r = rec(id);
+  r.state = StorageState::kEvicted;
+  memory_ -= r.size;
+  SyncPool(id);
+  backend_->Release(id, r, /*permanently=*/false);
+  EvictedComponents::Node node = components_.MakeSet(r.cost);
+  r.component = node;
+  ++evicted_count_;
+  std::vector<StorageId>& neighbours = scratch_;
+  auto join = [&] {
+    for (StorageId n : neighbours) {
+      StorageRecord& nr = rec(n);
+      nr.neighbor_evicted = true;  // Note [Evicted-neighbor hint]: an evicted one may come back
+      if (!nr.resident()) components_.Union(node, nr.component);
+    }
+  };
+  Deps(id, &neighbours);
+  join();
+  Dependents(id, &neighbours);
+  join();
+  ++stats_.evictions;
+  if (eager) ++stats_.eager_evictions;
+  MaybeCompactComponents();
+}
+
+absl::Status Runtime::Reserve(uint64_t bytes, absl::string_view what, absl::string_view subject) {
+  if (config_.budget_bytes == kUnlimitedBudget) return absl::OkStatus();
+  while (memory_ + bytes > config_.budget_bytes) {
+    StorageId victim;
+    if (!ChooseVictim(&victim)) return InfeasibleError(bytes, absl::StrCat(what, subject));
+    EvictUnchecked(victim, /*eager=*/false);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Runtime::EvictAtLeast(uint64_t bytes) {
+  uint64_t freed = 0;
+  StorageId victim;
+  while (freed < bytes && ChooseVictim(&victim)) {
+    freed += rec(victim).size;
+    EvictUnchecked(victim, /*eager=*/false);
+  }
+  return freed;
+}
+
+absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
+  if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
+  uint64_t old = config_.budget_bytes;
+  config_.budget_bytes = budget_bytes;
+  if (absl::Status s = Reserve(0, "the new budget"); !s.ok()) {
+    config_.budget_bytes = old;
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
+  std::vector<Candidate> all;
+  all.reserve(pool_.size());
+  for (StorageId id : pool_) {
+    const StorageRecord& r = rec(id);
+    if (r.locks > 0) continue;
+    // Note [Results awaiting their reader]: ranked after every other candidate.
+    const double score = AwaitsReader(r) ? std::numeric_limits<double>::infinity() : ScoreUnchecked(id);
+    all.push_back({id, score, r.size, r.handle});
+  }
+  size_t keep = std::min(max_count, all.size());
+  std::partial_sort(all.begin(), all.begin() + keep, all.end(),
+                    [](const Candidate& a, const Candidate& b) { return a.score < b.score; });
+  all.resize(keep);
+  return all;
+}
+
+absl::Status Runtime::Evict(StorageId id) {
+  auto r = Lookup(id, "evict");
+  if (!r.ok()) return r.status();
+  if (!Eligible(**r) || (*r)->locks > 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "evict: ", IdString(id), " is not evictable (resident=", (*r)->resident(),
+        " rematerializable=", (*r)->rematerializable(), " pins=", (*r)->pins, " locks=", (*r)->locks, ")"));
+  EvictUnchecked(id, /*eager=*/false);
+  return absl::OkStatus();
+}
+
+uint64_t Runtime::UnevictableBytes() const {
+  uint64_t evictable = 0;
+  for (StorageId id : pool_)
+    if (storages_[id].locks == 0) evictable += storages_[id].size;
+  return memory_ - evictable;
+}
+
+absl::Status Runtime::InfeasibleError(uint64_t bytes, absl::string_view what) const {
+  uint64_t constant = 0, pinned = 0, locked = 0, tiny = 0;
+  storages_.ForEach([&](StorageId, const StorageRecord& r) {
+    if (!r.resident()) return;
+    if (r.locks > 0) locked += r.size;
+    else if (r.pins > 0) pinned += r.size;
+    else if (!r.rematerializable()) constant += r.size;
+    else if (r.size == 0) tiny += r.size;
+  });
+  uint64_t needed = memory_ + bytes;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "dtr: budget of %s is infeasible: %s need %s more, with %s resident of which nothing more "
+      "can be evicted: %s locked by the operation in progress, %s pinned, %s constants "
+      "(parameters, inputs, unreplayable results). A budget of at least %s would be needed at this "
+      "point (more may be needed later).",
+      FormatBytes(config_.budget_bytes), what, FormatBytes(bytes), FormatBytes(memory_),
+      FormatBytes(locked), FormatBytes(pinned), FormatBytes(constant), FormatBytes(needed)));
+}
+
+}  // namespace dtr

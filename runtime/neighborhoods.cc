@@ -1,0 +1,115 @@
+// Neighborhoods in the recipe graph: a storage's dependencies and dependents over live recipes
+// (Note [Recipes], runtime.cc), the cost of its evicted neighborhood that the heuristics score
+// (with the evicted-neighbor hint that skips most walks), and compaction of the union-find
+// evicted components (Note [Evicted components], evicted_components.h).
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_internal.h"
+
+namespace dtr {
+
+using runtime_internal::ContainsValue;
+
+void Runtime::Deps(StorageId id, std::vector<StorageId>* out) {
+  out->clear();
+  for (OpId op : rec(id).recipe)
+    for (StorageId in : ops_[op].inputs)
+      if (in != id && !ContainsValue(*out, in)) out->push_back(in);
+}
+
+void Runtime::Dependents(StorageId id, std::vector<StorageId>* out) {
+  out->clear();
+  for (OpId op_id : rec(id).readers) {
+    for (StorageId o : ops_[op_id].outputs) {
+      if (o == id) continue;
+      const StorageRecord* r = storages_.Find(o);
+      if (r != nullptr && ContainsValue(r->recipe, op_id) && !ContainsValue(*out, o)) out->push_back(o);
+    }
+  }
+}
+
+bool Runtime::HasEvictedDependent(StorageId id) {
+  std::vector<StorageId> dependents;
+  Dependents(id, &dependents);
+  for (StorageId d : dependents)
+    if (!rec(d).resident() || rec(d).rebuilding) return true;
+  return false;
+}
+
+// Note [Evicted-neighbor hint]
+// Most candidates have no evicted neighbor, and finding that out walks the recipe and reader
+// ops: a cache miss per hop, ~0.8 us a candidate once the records outgrow the cache. So each
+// storage carries `neighbor_evicted`, set on all its neighbors when one is evicted
+// (EvictUnchecked is the only way a storage leaves residence; an evicted neighbor gets it too,
+// for when it comes back) and cleared when a walk finds no evicted neighbor. It is sticky, never
+// wrong when false: a storage only gains a neighbor by an op that reads or writes both, and that
+// op makes both resident first. So a false flag means a neighborhood cost of 0 without a walk.
+// CheckInvariants verifies it.
+double Runtime::NeighborhoodCost(StorageId id) {
+  const NeighborhoodKind kind = neighborhood_;
+  if (kind == NeighborhoodKind::kNone) return 0;
+  StorageRecord& self = rec(id);
+  if (!self.neighbor_evicted) return 0;
+  bool any_evicted = false;
+  if (kind == NeighborhoodKind::kUnionFind) {
+    absl::InlinedVector<EvictedComponents::Node, 8> roots;
+    double cost = 0;
+    auto visit = [&](StorageId n) {
+      const StorageRecord& r = rec(n);
+      ++stats_.neighborhood_visits;
+      if (r.resident()) return;
+      any_evicted = true;
+      EvictedComponents::Node root = components_.Find(r.component);
+      if (ContainsValue(roots, root)) return;
+      roots.push_back(root);
+      cost += components_.Cost(root);
+    };
+    ForEachNeighbor(id, visit);
+    if (!any_evicted) self.neighbor_evicted = false;
+    return cost;
+  }
+  // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages.
+  double cost = 0;
+  absl::flat_hash_set<uint64_t> seen;
+  std::vector<StorageId> frontier, next;
+  auto walk = [&](bool upward) {
+    frontier.clear();
+    if (upward) Deps(id, &frontier); else Dependents(id, &frontier);
+    while (!frontier.empty()) {
+      StorageId n = frontier.back();
+      frontier.pop_back();
+      ++stats_.neighborhood_visits;
+      const StorageRecord& r = rec(n);
+      if (r.resident() || !seen.insert(n.packed()).second) continue;
+      any_evicted = true;
+      cost += r.cost;
+      if (upward) Deps(n, &next); else Dependents(n, &next);
+      frontier.insert(frontier.end(), next.begin(), next.end());
+    }
+  };
+  walk(/*upward=*/true);
+  if (kind == NeighborhoodKind::kExact) {
+    walk(/*upward=*/false);
+    if (!any_evicted) self.neighbor_evicted = false;  // both directions were looked at
+  }
+  return cost;
+}
+
+void Runtime::MaybeCompactComponents() {
+  if (components_.node_count() < 2 * evicted_count_ + 4096) return;
+  std::vector<StorageId> evicted;
+  std::vector<EvictedComponents::Node> nodes;
+  storages_.ForEach([&](StorageId id, const StorageRecord& r) {
+    if (r.state == StorageState::kEvicted) {
+      evicted.push_back(id);
+      nodes.push_back(r.component);
+    }
+  });
+  std::vector<EvictedComponents::Node> fresh = components_.Compact(nodes);
+  for (size_t i = 0; i < evicted.size(); ++i) rec(evicted[i]).component = fresh[i];
+}
+
+}  // namespace dtr

@@ -1,0 +1,179 @@
+// Rematerialization: bringing an evicted storage back by replaying its recipe on an explicit
+// stack of frames (no recursion), keeping evicted siblings a replay recomputes, and counting
+// rematerializations for thrash damping (Note [Thrashing], eviction_search.cc).
+#include <cmath>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_internal.h"
+
+namespace dtr {
+
+// Note [Rematerialization]
+// Materialize runs on an explicit stack of frames, one per storage being brought back. A frame
+// replays its storage's recipe one op at a time: it locks that op's inputs (resident or not: a
+// locked evicted storage cannot be evicted again once it is back), pushes the first non-resident
+// one, and when all are resident replays the op and unlocks them. Between recipe ops the storage
+// itself is locked, so the memory needed is the largest single step, not the whole recipe. The
+// graph is acyclic, so the stack is bounded by the number of storages; there is no recursion. Replaying a multi-output op computes all of
+// its outputs: evicted siblings whose recipe is exactly that op are kept, the rest (resident
+// siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
+// duration of the replay.
+
+using runtime_internal::ContainsValue;
+using runtime_internal::IdString;
+
+absl::Status Runtime::Materialize(StorageId target) {
+  if (rec(target).resident()) return absl::OkStatus();
+  // One frame per storage being brought back; `stage` is the recipe op being replayed.
+  struct Frame {
+    StorageId id;
+    size_t stage = 0;
+    bool deps_locked = false;
+    bool self_locked = false;
+    std::vector<StorageId> deps;  // inputs of recipe[stage], locked while deps_locked
+  };
+  std::vector<Frame> stack;
+  stack.push_back(Frame{target});
+  auto unwind = [&](absl::Status status) {
+    for (Frame& f : stack) {
+      if (f.deps_locked)
+        for (StorageId d : f.deps) Unlock(d);
+      if (f.self_locked) {
+        // A half-replayed recipe leaves no usable contents: drop them again.
+        StorageRecord& r = rec(f.id);
+        --r.locks;
+        r.rebuilding = false;
+        if (r.resident()) EvictUnchecked(f.id, /*eager=*/false);
+      }
+    }
+    return status;
+  };
+  const size_t max_depth = storages_.size() + 1;
+  while (!stack.empty()) {
+    size_t top = stack.size() - 1;
+    StorageId id = stack[top].id;
+    if (!stack[top].deps_locked) {
+      StorageRecord& r = rec(id);
+      if (stack[top].stage == 0) {
+        if (r.resident()) {
+          stack.pop_back();
+          continue;
+        }
+        if (!r.rematerializable())
+          return unwind(absl::InternalError(
+              absl::StrCat("dtr: ", IdString(id), " is evicted but has no recipe to replay")));
+      }
+      Frame& f = stack[top];
+      f.deps.clear();
+      for (StorageId in : ops_[r.recipe[f.stage]].inputs)
+        if (in != id && !ContainsValue(f.deps, in)) f.deps.push_back(in);
+      for (StorageId d : f.deps) Lock(d);
+      f.deps_locked = true;
+    }
+    StorageId missing;
+    for (StorageId d : stack[top].deps)
+      if (!rec(d).resident()) {
+        missing = d;
+        break;
+      }
+    if (missing.valid()) {
+      if (stack.size() > max_depth)
+        return unwind(absl::InternalError("dtr: dependency cycle while rematerializing"));
+      stack.push_back(Frame{missing});
+      continue;
+    }
+    // Note [Rematerialization]: the inputs of this recipe op are resident and locked.
+    Frame& f = stack[top];
+    absl::Status s = f.stage == 0 ? ReplayFirstOp(id) : ReplayInPlaceOp(id, f.stage);
+    if (!s.ok()) return unwind(s);
+    ++f.stage;
+    bool more = f.stage < rec(id).recipe.size();
+    if (more && !f.self_locked) {
+      // Keep the partly rebuilt contents, and mark them not final, before anything is unlocked
+      // (unlocking may banish an input, which must not freeze a half-built storage).
+      Lock(id);
+      f.self_locked = true;
+      rec(id).rebuilding = true;
+    }
+    for (StorageId d : f.deps) Unlock(d);
+    f.deps_locked = false;
+    if (more) continue;
+    if (f.self_locked) {
+      rec(id).rebuilding = false;
+      Unlock(id);
+    }
+    stack.pop_back();
+    if (absl::Status done = FinishRemat(id); !done.ok()) return unwind(done);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReplayFirstOp(StorageId id) {
+  OpId first = rec(id).recipe[0];
+  const OpRecord& op = ops_[first];
+  // Evicted siblings produced by exactly this op come back too; the others are discarded again.
+  absl::InlinedVector<bool, 4> keep(op.outputs.size(), false);
+  uint64_t replay_bytes = 0;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    StorageId o = op.outputs[i];
+    const StorageRecord* r = storages_.Find(o);
+    keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
+    replay_bytes += op.output_sizes[i];
+  }
+  if (absl::Status s = Reserve(replay_bytes, "rematerializing ", op.name); !s.ok()) return s;
+  UpdatePeak(replay_bytes);
+  absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
+  if (!cost.ok()) return cost.status();
+  ++stats_.replays;
+  stats_.remat_cost += *cost;
+  AdvanceClock(*cost);
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (!keep[i]) continue;
+    StorageId o = op.outputs[i];
+    StorageRecord& r = rec(o);
+    components_.AddCost(r.component, -r.cost);
+    r.component = EvictedComponents::kNone;
+    --evicted_count_;
+    r.state = StorageState::kResident;
+    memory_ += r.size;
+    if (o != id) {
+      if (absl::Status s = FinishRemat(o); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
+  OpId op_id = rec(id).recipe[stage];
+  bool keep_one[1] = {true};
+  absl::StatusOr<double> cost = backend_->Replay(op_id, ops_[op_id], absl::MakeConstSpan(keep_one, 1));
+  if (!cost.ok()) return cost.status();
+  ++stats_.replays;
+  stats_.remat_cost += *cost;
+  AdvanceClock(*cost);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::FinishRemat(StorageId id) {
+  Touch(id);
+  SyncPool(id);
+  NoteRemat(id);
+  return backend_->OnRematerialized(id, rec(id));
+}
+
+void Runtime::NoteRemat(StorageId id) {
+  StorageRecord& r = rec(id);
+  double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
+  r.recent_remats = r.recent_remats * std::exp2(-age) + 1;
+  r.last_remat_op = op_counter_;
+  ++r.remat_count;
+  ++stats_.rematerializations;
+  if (r.recent_remats >= config_.thrash_report_threshold &&
+      r.recent_remats - 1 < config_.thrash_report_threshold)
+    ++stats_.thrash_events;
+}
+
+}  // namespace dtr
