@@ -61,7 +61,7 @@ EvictionResult FragmentationAwareEvictionStrategy::Evict(
   // score order has the lowest score.
   for (auto it = candidates.begin(); it != candidates.end(); ++it) {
     // An infinite score marks a victim of last resort (Note [Results awaiting their reader],
-    // runtime.cc): never chosen here, only by score order once the others are gone.
+    // runtime/eviction_search.cc): never chosen here, only by score order once the others are gone.
     if (std::isinf(it->score)) break;
     if (!allocator.WouldSatisfyIfFreed(it->ptr, request)) continue;
     const EvictionCandidate chosen = *it;

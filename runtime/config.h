@@ -40,6 +40,9 @@ struct RuntimeConfig {
   double sample_factor = 1.0;
   uint32_t min_samples = 32;
   uint32_t max_samples = 64;
+  // dtr's and msps's neighborhood walks stop after this many evicted storages (0: no limit):
+  // Note [Bounded neighborhood walks] (neighborhoods.cc).
+  uint32_t neighborhood_walk_limit = 256;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;

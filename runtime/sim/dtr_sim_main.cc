@@ -18,7 +18,8 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
-          [--search sampled|exact] [--seed N] [--thrash-damping X] [--min-samples N] [--max-samples N] [--check]
+          [--search sampled|exact] [--seed N] [--thrash-damping X] [--min-samples N] [--max-samples N]
+          [--walk-limit N] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--max-samples") {
       if (!absl::SimpleAtoi(v, &options.runtime.max_samples))
         return Fail(absl::StrCat("--max-samples: not a number '", v, "'"));
+    } else if (arg == "--walk-limit") {
+      if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_walk_limit))
+        return Fail(absl::StrCat("--walk-limit: not a number '", v, "'"));
     } else if (arg == "--n") {
       if (!absl::SimpleAtoi(v, &gen.n) || gen.n <= 0) return Fail(absl::StrCat("--n: not a positive number '", v, "'"));
     } else if (arg == "--b") {

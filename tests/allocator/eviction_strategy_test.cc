@@ -114,7 +114,7 @@ TEST(FragmentationAwareEvictionStrategyTest, PrefersOneVictimNextToFreeSpace) {
   DTR_EXPECT_OK(heap.allocator->CheckInvariants());
 }
 
-// Note [Results awaiting their reader] (runtime.cc): the runtime ranks victims of last resort
+// Note [Results awaiting their reader] (runtime/eviction_search.cc): the runtime ranks victims of last resort
 // with an infinite score. One that would suffice alone is not taken before the finite ones.
 TEST(FragmentationAwareEvictionStrategyTest, NeverPicksAVictimOfLastResortAlone) {
   SixBlocks heap;

@@ -8,7 +8,7 @@ that both memories stay flat after step 20 and that the results equal the plain 
 - numpy_inputs: a model trained on batches that torch.from_numpy wraps (Note [Memory read outside
   the dispatcher], hooks/engine.cc).
 - zero_grad: gradients zeroed in place (zero_grad(set_to_none=False)) with momentum SGD
-  (Note [Dead constants in accumulating recipes], runtime/runtime.cc)."""
+  (Note [Dead constants in accumulating recipes], runtime/lifetime.cc)."""
 import hashlib
 import json
 import sys

@@ -538,6 +538,38 @@ TEST_F(RuntimeTest, NeighborhoodCostsMatchTheirDefinitions) {
   }
 }
 
+// Note [Bounded neighborhood walks]: each direction of the walk stops after
+// neighborhood_walk_limit evicted storages; 0 walks the whole evicted neighborhood.
+TEST_F(RuntimeTest, NeighborhoodWalksStopAtTheWalkLimit) {
+  // {heuristic, limit, expected neighborhood cost of d}. Upstream of d, c, b and a are evicted
+  // (costs 4, 2, 1, visited in that order); downstream e (16) is.
+  struct Case {
+    HeuristicKind h;
+    uint32_t limit;
+    double neighborhood;
+  };
+  for (Case k : {Case{HeuristicKind::kDtr, 0, 4 + 2 + 1 + 16}, Case{HeuristicKind::kDtr, 2, 4 + 2 + 16},
+                 Case{HeuristicKind::kDtr, 1, 4 + 16}, Case{HeuristicKind::kMsps, 0, 4 + 2 + 1},
+                 Case{HeuristicKind::kMsps, 2, 4 + 2}}) {
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.heuristic = k.h;
+    config.neighborhood_walk_limit = k.limit;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 2, 1);
+    StorageId b = Op1("b", {a}, 2, 2);
+    StorageId c = Op1("c", {b}, 2, 4);
+    StorageId d = Op1("d", {c}, 2, 8);
+    StorageId e = Op1("e", {d}, 2, 16);
+    for (StorageId id : {a, b, c, e}) ASSERT_TRUE(rt_->Evict(id).ok());
+    double staleness = rt_->now() - rt_->storage(d)->last_access + 1;
+    double expected = k.h == HeuristicKind::kMsps ? (8 + k.neighborhood) / 2 : (8 + k.neighborhood) / (2 * staleness);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(d), expected) << HeuristicName(k.h) << " limit " << k.limit;
+    Check();
+  }
+}
+
 // Note [Evicted-neighbor hint]: a storage evicted before its neighbor comes back knowing the
 // neighbor is evicted, and the hint is dropped once a search finds no evicted neighbor.
 TEST_F(RuntimeTest, EvictedNeighborHintFollowsStoragesBackIntoResidence) {
