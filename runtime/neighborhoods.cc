@@ -4,7 +4,6 @@
 // evicted components (Note [Evicted components], evicted_components.h).
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
@@ -74,8 +73,9 @@ double Runtime::NeighborhoodCost(StorageId id) {
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages,
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
   double cost = 0;
-  absl::flat_hash_set<uint64_t> seen;
-  std::vector<StorageId> frontier, next;
+  const uint32_t epoch = NextWalkEpoch();
+  std::vector<StorageId>& frontier = walk_frontier_;
+  std::vector<StorageId>& next = walk_next_;
   const size_t limit = config_.neighborhood_walk_limit == 0 ? SIZE_MAX : config_.neighborhood_walk_limit;
   auto walk = [&](bool upward) {
     size_t taken = 0;
@@ -85,8 +85,9 @@ double Runtime::NeighborhoodCost(StorageId id) {
       StorageId n = frontier.back();
       frontier.pop_back();
       ++stats_.neighborhood_visits;
-      const StorageRecord& r = rec(n);
-      if (r.resident() || !seen.insert(n.packed()).second) continue;
+      StorageRecord& r = rec(n);
+      if (r.resident() || r.walk_epoch == epoch) continue;
+      r.walk_epoch = epoch;
       any_evicted = true;
       cost += r.cost;
       if (++taken == limit) break;
@@ -112,6 +113,14 @@ double Runtime::NeighborhoodCost(StorageId id) {
 // On the seven benchmark traces (bench/results/activations.md) 256 gave the unbounded walk's
 // median compute ratios on ResNet, Transformer, UNet and the chain, and stayed within the
 // seed-to-seed spread on the others; a limit of 32 lost up to 4x on the TreeLSTM at r = 0.3.
+uint32_t Runtime::NextWalkEpoch() {
+  if (++walk_epoch_ == 0) {  // wrapped: no record may keep a mark from 2^32 walks ago
+    storages_.ForEach([](StorageId, StorageRecord& r) { r.walk_epoch = 0; });
+    walk_epoch_ = 1;
+  }
+  return walk_epoch_;
+}
+
 void Runtime::MaybeCompactComponents() {
   if (components_.node_count() < 2 * evicted_count_ + 4096) return;
   std::vector<StorageId> evicted;

@@ -54,6 +54,9 @@ struct StorageRecord {
   // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;
+  // The last neighborhood walk that visited it (Runtime::NextWalkEpoch): a visited mark without
+  // a hash set per walk.
+  uint32_t walk_epoch = 0;
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

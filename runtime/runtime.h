@@ -219,6 +219,8 @@ class Runtime {
 
   // Note [Evicted components] (evicted_components.h); neighborhoods.cc.
   void MaybeCompactComponents();
+  // A fresh mark for one neighborhood walk's visited storages (StorageRecord::walk_epoch).
+  uint32_t NextWalkEpoch();
 
   RuntimeConfig config_;
   ReplayBackend* backend_;
@@ -239,6 +241,8 @@ class Runtime {
   std::vector<StorageId> sample_;                      // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
+  std::vector<StorageId> walk_frontier_, walk_next_;  // scratch for one neighborhood walk
+  uint32_t walk_epoch_ = 0;
   std::mt19937_64 rng_;
   mutable RuntimeStats stats_;
 };

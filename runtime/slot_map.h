@@ -66,6 +66,11 @@ class SlotMap {
     for (uint32_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].value) fn(Id{i, slots_[i].generation}, *slots_[i].value);
   }
+  template <typename Fn>
+  void ForEach(Fn&& fn) {
+    for (uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].value) fn(Id{i, slots_[i].generation}, *slots_[i].value);
+  }
 
  private:
   struct Slot {
