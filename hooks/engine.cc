@@ -345,6 +345,7 @@ SlotFate Engine::OnSlotDeleted(Slot* s) {
   if (!l.owns_lock()) {
     std::lock_guard<std::mutex> g(deferred_mu_);
     deferred_slots_.push_back(s);
+    has_deferred_slots_.store(true, std::memory_order_release);
     return SlotFate::kDeferred;
   }
   return OnSlotDeletedLocked(s) ? SlotFate::kKept : SlotFate::kFree;
@@ -355,6 +356,7 @@ void Engine::DrainDeferredSlots() {
   {
     std::lock_guard<std::mutex> g(deferred_mu_);
     slots.swap(deferred_slots_);
+    has_deferred_slots_.store(false, std::memory_order_relaxed);
   }
   for (Slot* s : slots) {
     // Read s before OnSlotDeletedLocked: once it keeps a resident slot, it may drain deaths at
@@ -416,7 +418,11 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 
 void Engine::DrainDeaths() {
   if (has_deferred_slots()) DrainDeferredSlots();
-  while (!deaths_.empty() && busy_ == 0) {
+  while ((!deaths_.empty() || !dropped_outputs_.empty()) && busy_ == 0) {
+    if (deaths_.empty()) {
+      FreeCollectedEntries();
+      continue;
+    }
     std::vector<Entry*> d;
     d.swap(deaths_);
     Busy b(this);
@@ -433,13 +439,52 @@ void Engine::DrainDeaths() {
           std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(s.message()).c_str());
       }
     }
+    // Keep the capacity: a death or two comes with most ops.
+    d.clear();
+    if (deaths_.empty()) deaths_.swap(d);
   }
 }
 
-// Frees entries whose records the runtime collected while evicted, and foreign storages the
-// program dropped.
+// Note [Entries of collected storages]
+// The runtime tells the engine when it collects a resident storage (Release with permanently),
+// not when it collects an evicted one: that storage's entry (and the tombstone and internal
+// StorageImpl it holds) stays until something notices its record is gone. Sweep, every 4096
+// ops, finds them all, but freeing thousands of entries at once kept glibc's allocator off its
+// fast paths for every op in between. A collected storage's recipe ops are dropped with it
+// (OnOpDropped), so the outputs of dropped ops are the candidates: once the runtime call that
+// dropped them has returned (no engine call under way, as for deaths), the entries of those
+// without a record are freed. Sweep stays as the net (a storage collected while another output
+// of its op is kept, external storages the program dropped).
+void Engine::FreeCollectedEntries() {
+  Busy b(this);
+  std::vector<StorageId> ids;
+  ids.swap(dropped_outputs_);
+  for (StorageId id : ids) {
+    if (rt_->storage(id) != nullptr) continue;  // still recorded: the op was dropped, not the storage
+    auto it = entries_.find(id.packed());
+    if (it == entries_.end()) continue;  // freed already (Release with permanently)
+    Entry* e = it->second;
+    entries_.erase(it);
+    DeleteEntry(e);
+  }
+  ids.clear();
+  if (dropped_outputs_.empty()) dropped_outputs_.swap(ids);  // keep the capacity
+}
+
+void Engine::DeleteEntry(Entry* e) {
+  if (e->slot) e->slot->entry = nullptr;
+  if (e->owned && IsOurs(e->owned->data_ptr())) SlotOf(e->owned->data_ptr())->entry = nullptr;
+  ForgetForeign(e, false);
+  e->owned.reset();
+  e->foreign.reset();
+  delete e;
+}
+
+// Frees entries whose records the runtime collected while evicted (Note [Entries of collected
+// storages]), and foreign storages the program dropped.
 void Engine::Sweep() {
   Busy b(this);
+  dropped_outputs_.clear();  // all found here
   std::vector<uint64_t> gone;
   for (auto& [k, e] : entries_) {
     if (rt_->storage(e->sid) == nullptr) gone.push_back(k);
@@ -447,11 +492,7 @@ void Engine::Sweep() {
   for (uint64_t k : gone) {
     Entry* e = entries_[k];
     entries_.erase(k);
-    if (e->slot) e->slot->entry = nullptr;
-    ForgetForeign(e, false);
-    e->owned.reset();
-    e->foreign.reset();
-    delete e;
+    DeleteEntry(e);
   }
   std::vector<Entry*> gone_external;
   for (auto it = foreign_.begin(); it != foreign_.end(); ++it) {
@@ -483,12 +524,7 @@ void Engine::Release(StorageId id, const StorageRecord& storage, bool permanentl
   impl.reset();
   if (permanently) {
     entries_.erase(id.packed());
-    if (e->slot) e->slot->entry = nullptr;
-    if (e->owned && IsOurs(e->owned->data_ptr())) SlotOf(e->owned->data_ptr())->entry = nullptr;
-    ForgetForeign(e, false);
-    e->owned.reset();
-    e->foreign.reset();
-    delete e;
+    DeleteEntry(e);
   }
 }
 
@@ -566,6 +602,9 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
       if (c10::get_default_dtype() != saved) c10::set_default_dtype(saved);
     }
   } default_dtype_guard(cfg_.rule_enabled(6) ? rr.default_dtype : c10::get_default_dtype());
+  // Autograd's keys are excluded above, so grad mode on records no graph; it only picks the
+  // kernel's path.
+  c10::AutoGradMode grad_mode(cfg_.rule_enabled(6) ? rr.grad_enabled : c10::GradMode::is_enabled());
   struct BackendFlagsGuard {
     ReplayRecord::BackendFlags saved = ReplayRecord::BackendFlags::Current();
     bool changed = false;

@@ -116,6 +116,8 @@ class Engine final : public ReplayBackend,
   void Release(StorageId id, const StorageRecord& storage, bool permanently) override;
   void OnOpDropped(OpId id, const OpRecord& op) override {
     delete reinterpret_cast<ReplayRecord*>(op.handle);
+    // Note [Entries of collected storages]: its outputs may be being collected.
+    dropped_outputs_.insert(dropped_outputs_.end(), op.outputs.begin(), op.outputs.end());
   }
 
   // ---------------- EvictionHandler ----------------
@@ -290,11 +292,14 @@ class Engine final : public ReplayBackend,
   void DrainDeaths();
   bool OnSlotDeletedLocked(Slot* s);
   void DrainDeferredSlots();
-  bool has_deferred_slots() {
-    std::lock_guard<std::mutex> g(deferred_mu_);
-    return !deferred_slots_.empty();
-  }
+  // Read on every engine call, so without deferred_mu_: a slot handed over just after this
+  // read waits for the next drain, as one handed over just after a locked read would.
+  bool has_deferred_slots() const { return has_deferred_slots_.load(std::memory_order_acquire); }
   void Sweep();
+  // Note [Entries of collected storages] (engine.cc).
+  void FreeCollectedEntries();
+  // Frees an entry already taken out of entries_.
+  void DeleteEntry(Entry* e);
   void Check(const absl::Status& s, const char* what);
   // Callers test tracing() first: building the line costs more than most ops' bookkeeping.
   bool tracing() const { return trace_.is_open(); }
@@ -325,8 +330,10 @@ class Engine final : public ReplayBackend,
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
   std::vector<Entry*> deaths_;
+  std::vector<StorageId> dropped_outputs_;  // Note [Entries of collected storages]
   std::mutex deferred_mu_;             // guards deferred_slots_ only; never held while calling out
   std::vector<Slot*> deferred_slots_;  // Note [Deleters never wait]
+  std::atomic<bool> has_deferred_slots_{false};  // !deferred_slots_.empty(), written under deferred_mu_
   int busy_ = 0;
   uint64_t ops_seen_ = 0;
   uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)

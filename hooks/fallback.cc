@@ -48,9 +48,19 @@ static bool ReturnsHideTensors(const torch::jit::Stack& stack, size_t nret) {
 // Takes the operand lists (the fallback has no further use for them).
 static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base,
                            std::vector<TensorArg>&& tensors, std::vector<ScalarArg>&& scalars) {
-  rr->args = CopyArgs(stack.data() + base, stack.data() + stack.size());
-  for (const TensorArg& ta : tensors) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
-  for (const ScalarArg& sa : scalars) PutAt(rr->args, sa.path, at::Tensor(), sa.is_optional_list);
+  // Operands that are whole arguments are never copied (CopyArgs leaves an undefined tensor in
+  // their place); list elements are replaced in the copied lists.
+  uint64_t whole = 0;
+  auto is_whole = [](const Path& p) { return p.elem < 0 && p.index < 64; };
+  for (const TensorArg& ta : tensors)
+    if (is_whole(ta.path)) whole |= uint64_t(1) << ta.path.index;
+  for (const ScalarArg& sa : scalars)
+    if (is_whole(sa.path)) whole |= uint64_t(1) << sa.path.index;
+  rr->args = CopyArgs(stack.data() + base, stack.data() + stack.size(), whole);
+  for (const TensorArg& ta : tensors)
+    if (!is_whole(ta.path)) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+  for (const ScalarArg& sa : scalars)
+    if (!is_whole(sa.path)) PutAt(rr->args, sa.path, at::Tensor(), sa.is_optional_list);
   rr->tensors = std::move(tensors);
   rr->scalars = std::move(scalars);
 }
@@ -178,9 +188,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // kernel. So they go through Runtime::Mutate first (not replayable): resident constants from
   // then on, and readers of the old statistics (an eval-mode batch norm) are detached.
   // cudnn_batch_norm and miopen_batch_norm (reached directly on GPUs) share the argument layout.
-  const bool bn_training = (info.name == "aten::native_batch_norm" || info.name == "aten::cudnn_batch_norm" ||
-                            info.name == "aten::miopen_batch_norm") &&
-                           (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
+  const bool bn_training = info.batch_norm && (*stack)[base + 5].isBool() && (*stack)[base + 5].toBool();
   std::vector<Entry*> running_stat_entries;
   // An op with an input no replay can reproduce is never recorded; its outputs are constants:
   // memory that may change without an op (Note [Memory read outside the dispatcher], engine.cc),
@@ -205,8 +213,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     Entry* e = EntryOf(t, true);
     if (managed_ == ManagedDevice::kCuda && e->slot != nullptr && e->slot->mem != nullptr && e->slot->cuda_device >= 0)
       NoteCudaUse(e->slot);  // Note [Streams of evictable memory]
-    TensorArg ta{p, e->sid, TensorMeta::Of(t), optl};
-    targs.push_back(std::move(ta));
+    TensorArg& ta = targs.emplace_back();  // in place: moving a TensorMeta copies its dimensions
+    ta.path = p;
+    ta.sid = e->sid;
+    ta.meta.Set(t);
+    ta.is_optional_list = optl;
     in_sids.push_back(e->sid);
     in_entries.push_back(e);
     unrecordable_inputs = unrecordable_inputs || e->changeable();
@@ -329,15 +340,15 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (rr->gen_device.is_cuda() && !rr->gen_device.has_index())
       rr->gen_device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
   }
-  at::Generator def = DefaultGenerator(rr->gen_device);
   if (info.gen_arg >= 0 && cfg_.rule_enabled(6)) {
     rr->gen_arg = info.gen_arg;
     const c10::IValue& g = (*stack)[base + info.gen_arg];
-    at::Generator gen = g.isNone() ? def : g.toGenerator();
+    at::Generator gen = g.isNone() ? DefaultGenerator(rr->gen_device) : g.toGenerator();
     std::lock_guard<std::mutex> gl(gen.mutex());
     rr->gen = gen.clone();
   }
   if (info.seeded_no_gen && cfg_.rule_enabled(6)) {
+    at::Generator def = DefaultGenerator(rr->gen_device);
     std::lock_guard<std::mutex> gl(def.mutex());
     rr->default_gen = def.clone();
   }
@@ -390,8 +401,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
   absl::InlinedVector<c10::StorageImpl*, 2> new_impls;
-  std::vector<OutputSpec> outs;
-  outs.reserve(nret);
+  auto& outs = rr->outputs;  // filled in place
   bool replayable = true;
   // Ops whose schema declares no aliasing but whose outputs are views of an input (unsafe_split,
   // unsafe_chunk) are views in effect: the storage stays the input's, evictable as before.
@@ -438,7 +448,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       }
     }
     new_impls.push_back(impl);
-    outs.push_back(OutputSpec{p, TensorMeta::Of(t), impl->nbytes()});
+    OutputSpec& o = outs.emplace_back();
+    o.path = p;
+    o.meta.Set(t);
+    o.nbytes = impl->nbytes();
   });
   if (views_of_inputs) {
     delete rr;
@@ -455,7 +468,6 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   }
   absl::InlinedVector<uint64_t, 2> sizes;
   for (const auto& o : outs) sizes.push_back(o.nbytes);
-  rr->outputs = std::move(outs);
   Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {

@@ -9,6 +9,8 @@
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "hooks/torch_compat.h"
+
 namespace dtr::hooks {
 namespace {
 
@@ -37,12 +39,14 @@ bool IsRandomFamily(const std::string& name) {
         "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
         "aten::_scaled_dot_product_cudnn_attention", "aten::_efficient_attention_forward",
         "aten::_flash_attention_forward", "aten::_scaled_dot_product_fused_attention_overrideable"};
+    // Made once: creating it per argument of every registered op (~13.7k ops) cost 27M
+    // instructions on the first call.
+    const c10::TypePtr optional_generator = c10::OptionalType::create(c10::GeneratorType::get());
     for (const c10::OperatorName& on : c10::Dispatcher::singleton().getAllOpNames()) {
       auto h = c10::Dispatcher::singleton().findOp(on);
       if (!h || !h->hasSchema()) continue;
       for (const auto& a : h->schema().arguments())
-        if (a.type()->isSubtypeOf(*c10::OptionalType::create(c10::GeneratorType::get())) ||
-            a.type()->kind() == c10::TypeKind::GeneratorType) {
+        if (a.type()->isSubtypeOf(*optional_generator) || a.type()->kind() == c10::TypeKind::GeneratorType) {
           f->insert(on.name);
           break;
         }
@@ -94,6 +98,21 @@ at::Generator DefaultGenerator(c10::Device device) {
   return at::globalContext().defaultGenerator(device);
 }
 
+// The CPU generator's Mersenne Twister, by reference (Note [Reading torch's private members],
+// torch_compat.h): CPUGeneratorImpl::engine() and mt19937_engine::data() return 2.5 KB copies,
+// and GenMark::Now runs twice for most recorded ops (Note [Random ops without a Generator
+// argument]).
+struct CpuGeneratorEngineTag {
+  using type = at::mt19937 at::CPUGeneratorImpl::*;
+  friend type Member(CpuGeneratorEngineTag);
+};
+template struct PrivateMember<CpuGeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
+struct Mt19937DataTag {
+  using type = at::mt19937_data_pod at::mt19937_engine::*;
+  friend type Member(Mt19937DataTag);
+};
+template struct PrivateMember<Mt19937DataTag, &at::mt19937_engine::data_>;
+
 GenMark GenMark::Now(c10::Device device) {
   GenMark m;
   if (device.is_cuda()) {
@@ -103,10 +122,8 @@ GenMark GenMark::Now(c10::Device device) {
     m.offset = gen.get_offset();
     return m;
   }
-  at::Generator def = at::detail::getDefaultCPUGenerator();
-  auto* g = def.get<at::CPUGeneratorImpl>();
-  at::mt19937 e = g->engine();
-  auto d = e.data();
+  at::CPUGeneratorImpl* g = at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
+  const at::mt19937_data_pod& d = (g->*Member(CpuGeneratorEngineTag{})).*Member(Mt19937DataTag{});
   m.seed = d.seed_;
   m.left = d.left_;
   m.next = d.next_;
@@ -135,6 +152,8 @@ OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty) {
   info.name = schema.name();
   if (!schema.overload_name().empty()) info.name += "." + schema.overload_name();
   const std::string& n = schema.name();
+  info.batch_norm = info.name == "aten::native_batch_norm" || info.name == "aten::cudnn_batch_norm" ||
+                    info.name == "aten::miopen_batch_norm";
   bool has_tensor_arg = false, has_tensor_ret = false, aliased_ret = false;
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const auto& a = schema.arguments()[i];

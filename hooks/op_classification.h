@@ -33,6 +33,9 @@ struct OpInfo {
   // Note [Overwriting in-place ops] (op_classification.cc): writes every element of its single
   // written tensor without reading it (fill_, zero_, bernoulli_, uniform_, normal_, ...).
   bool overwrites = false;
+  // aten::native_batch_norm, cudnn_batch_norm or miopen_batch_norm (Note [Hidden mutation in
+  // native_batch_norm], fallback.cc): decided here, not by comparing names on every op.
+  bool batch_norm = false;
   std::string name;
 };
 

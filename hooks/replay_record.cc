@@ -1,6 +1,11 @@
 // Tensor layouts and boxed-stack helpers of replay records (see replay_record.h).
 #include "hooks/replay_record.h"
 
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <unordered_map>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -10,18 +15,24 @@
 #include <xmmintrin.h>
 #endif
 
+#include "hooks/torch_compat.h"
+
 namespace dtr::hooks {
 
 TensorMeta TensorMeta::Of(const at::Tensor& t) {
   TensorMeta m;
-  m.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
-  m.sizes.assign(t.sizes().begin(), t.sizes().end());
-  m.strides.assign(t.strides().begin(), t.strides().end());
-  m.offset = t.storage_offset();
-  m.dtype = t.scalar_type();
-  m.conj = t.is_conj();
-  m.neg = t.is_neg();
+  m.Set(t);
   return m;
+}
+
+void TensorMeta::Set(const at::Tensor& t) {
+  wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  sizes.assign(t.sizes().begin(), t.sizes().end());
+  strides.assign(t.strides().begin(), t.strides().end());
+  offset = t.storage_offset();
+  dtype = t.scalar_type();
+  conj = t.is_conj();
+  neg = t.is_neg();
 }
 
 bool TensorMeta::Matches(const at::Tensor& t) const {
@@ -29,13 +40,15 @@ bool TensorMeta::Matches(const at::Tensor& t) const {
          t.scalar_type() == dtype && t.is_conj() == conj && t.is_neg() == neg;
 }
 
-std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end) {
+std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end, uint64_t leave_out) {
   std::vector<c10::IValue> out;
   out.reserve(end - begin);
   for (const c10::IValue* a = begin; a != end; ++a) {
-    if (a->isTensorList()) out.emplace_back(a->toTensorList().copy());
-    else if (a->isList()) out.emplace_back(a->toList().copy());
-    else out.push_back(*a);
+    const size_t i = size_t(a - begin);
+    if (i < 64 && (leave_out >> i & 1) != 0) out.emplace_back(at::Tensor());
+    else if (!a->isList()) out.push_back(*a);  // isTensorList (not inline) implies isList
+    else if (a->isTensorList()) out.emplace_back(a->toTensorList().copy());
+    else out.emplace_back(a->toList().copy());
   }
   return out;
 }
@@ -64,6 +77,64 @@ bool FlushDenormalOn() {
 
 }  // namespace
 
+// Note [Backend flags without hashing]
+// Every recorded op snapshots the backend flags (Note [Global state a replay depends on]). The
+// four float32 precisions were most of it: Context::float32Precision hashes up to three
+// (backend, op) keys per call, about 1,100 instructions for the four, more than the rest of a
+// small op's recording. In the torch releases dtr supports, float32Precision is a function of
+// the map Context::fp32_precision alone (nine fixed keys). So each thread keeps the map's nodes
+// as it last read them, in iteration order, with the precisions computed from them, and calls
+// float32Precision again only when a node's key or value differs: exact, and a few dozen
+// instructions. The map is read in place (Note [Reading torch's private members],
+// torch_compat.h); the other flags are plain fields behind cheap accessors, read every time.
+// tests/hooks/replay_state_test.cc changes each flag through every setter between snapshots.
+using Fp32Key = std::pair<at::Float32Backend, at::Float32Op>;
+struct ContextFp32PrecisionTag {
+  using type = std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>> at::Context::*;
+  friend type Member(ContextFp32PrecisionTag);
+};
+template struct PrivateMember<ContextFp32PrecisionTag, &at::Context::fp32_precision>;
+
+namespace {
+
+// The map as a thread last read it, and the precisions computed from it.
+struct SeenFp32Precision {
+  static constexpr size_t kMaxNodes = 16;
+  size_t nodes = SIZE_MAX;  // SIZE_MAX: nothing cached
+  std::array<std::pair<Fp32Key, at::Float32Precision>, kMaxNodes> node;
+  uint8_t precision[4] = {};
+};
+
+void Float32Precisions(const at::Context& c, uint8_t (&out)[4]) {
+  thread_local SeenFp32Precision seen;
+  const auto& map = c.*Member(ContextFp32PrecisionTag{});
+  bool same = map.size() == seen.nodes;
+  if (same) {
+    size_t i = 0;
+    for (const auto& [key, value] : map) {
+      if (key != seen.node[i].first || value != seen.node[i].second) {
+        same = false;
+        break;
+      }
+      ++i;
+    }
+  }
+  if (!same) {
+    // The nodes first: a concurrent change after this read is seen as a difference next time.
+    seen.nodes = SIZE_MAX;
+    if (map.size() <= SeenFp32Precision::kMaxNodes) {
+      size_t i = 0;
+      for (const auto& kv : map) seen.node[i++] = kv;
+      seen.nodes = i;
+    }
+    for (int i = 0; i < 4; ++i)
+      seen.precision[i] = uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
+  }
+  std::copy(std::begin(seen.precision), std::end(seen.precision), out);
+}
+
+}  // namespace
+
 ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
   const at::Context& c = at::globalContext();
   BackendFlags f;
@@ -73,8 +144,7 @@ ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
   f.cudnn_benchmark = c.benchmarkCuDNN();
   f.cudnn_enabled = c.userEnabledCuDNN();
   f.mkldnn_enabled = c.userEnabledMkldnn();
-  for (int i = 0; i < 4; ++i)
-    f.precision[i] = uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
+  Float32Precisions(c, f.precision);
   f.flush_denormal = FlushDenormalOn();
   f.num_threads = at::get_num_threads();
   return f;

@@ -15,9 +15,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include "absl/container/inlined_vector.h"
 #include "runtime/ids.h"
 
 namespace dtr::hooks {
@@ -37,6 +39,8 @@ struct TensorMeta {
   // kernels that take such a view read it conjugated / negated, so replays must pass it as well.
   bool conj = false, neg = false;
   static TensorMeta Of(const at::Tensor& t);
+  // Of(t), in place (moving a TensorMeta copies its inline dimensions).
+  void Set(const at::Tensor& t);
   bool Matches(const at::Tensor& t) const;
 };
 
@@ -86,7 +90,9 @@ struct ReplayRecord {
   std::vector<c10::IValue> args;  // tensors replaced by None; lists keep their shape
   std::vector<TensorArg> tensors;
   std::vector<ScalarArg> scalars;  // Note [Python numbers are kept by value]
-  std::vector<OutputSpec> outputs;  // aligned with OpRecord::outputs (creating ops)
+  // Aligned with OpRecord::outputs (creating ops). Most ops have one: inline, so recording one
+  // allocates nothing for it.
+  absl::InlinedVector<OutputSpec, 1> outputs;
   int gen_arg = -1;
   c10::optional<at::Generator> gen;          // pristine clone for Generator? args
   c10::optional<at::Generator> default_gen;  // pristine default generator state (seeded ops)
@@ -94,8 +100,13 @@ struct ReplayRecord {
   // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
   // produce (factories without dtype, int tensor * float scalar, ...), and the backend flags
   // (deterministic algorithms, cuDNN deterministic/benchmark, TF32) change which kernel runs and
-  // so the bits, as do the flush-to-zero mode and the intra-op thread count. A replay runs under the values that were current when the op first ran.
+  // so the bits, as do the flush-to-zero mode and the intra-op thread count. So does grad mode,
+  // a thread-local that autograd leaves on below its key: aten::mkldnn_rnn_layer (nn.LSTM on
+  // CPU) runs oneDNN's training forward, with a workspace output, when it is on and the
+  // inference forward, without one and other bits, when it is off, as it is while backward
+  // replays forward ops. A replay runs under the values that were current when the op first ran.
   caffe2::TypeMeta default_dtype = c10::get_default_dtype();
+  bool grad_enabled = c10::GradMode::is_enabled();
   struct BackendFlags {
     bool deterministic = false, deterministic_warn_only = false, cudnn_deterministic = false,
          cudnn_benchmark = false, cudnn_enabled = true, mkldnn_enabled = true;
@@ -132,8 +143,9 @@ void ForEachTensor(const c10::IValue* begin, size_t n, F&& f) {
   }
 }
 
-// Copies arguments, deep-copying lists (c10::List has reference semantics).
-std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end);
+// Copies arguments, deep-copying lists (c10::List has reference semantics). Bit i of
+// `leave_out` set: argument i is not copied, an undefined tensor takes its place.
+std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end, uint64_t leave_out = 0);
 
 // A CPU tensor over `impl` with the layout `m`.
 at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m);

@@ -10,6 +10,10 @@
 // |                                       |                 | time check, both orders in one binary          |
 // | headers #error below C++20            | 2.14            | every target is C++20                          |
 // | Fake owned by torch's C++ FakeTensor  | after 2.14?     | RegisterFallback refuses, dtr stays inactive   |
+// | private members read on every op:     | 2.11 to 2.14    | PrivateMember (Note [Reading torch's private   |
+// |   Context::fp32_precision,            |   (same names   |   members], below); a renamed or retyped       |
+// |   CPUGeneratorImpl::engine_,          |   and types)    |   member fails to compile                      |
+// |   mt19937_engine::data_               |                 |                                                |
 // Binaries are per wheel: a dtr built against one torch is refused with another
 // (python/dtr/_library.py, check_torch).
 #ifndef DTR_HOOKS_TORCH_COMPAT_H_
@@ -20,5 +24,23 @@
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11)
 #error "dtr supports PyTorch 2.11 to 2.14: install one of those and rebuild (LibTorch 1.x was dropped)"
 #endif
+
+namespace dtr::hooks {
+
+// Note [Reading torch's private members]
+// A few per-op reads have no cheap public accessor: the public one copies 2.5 KB
+// (CPUGeneratorImpl::engine()) or hashes (Context::float32Precision). PrivateMember reads the
+// member itself, by the C++ rule that access is not checked in the arguments of an explicit
+// instantiation. The member's type is spelled out in its tag, so a torch that renames or retypes
+// it fails to compile here instead of reading the wrong bytes. Usage:
+//   struct EngineTag { using type = at::mt19937 at::CPUGeneratorImpl::*; friend type Member(EngineTag); };
+//   template struct PrivateMember<EngineTag, &at::CPUGeneratorImpl::engine_>;
+//   ... gen->*Member(EngineTag{}) ...
+template <typename Tag, typename Tag::type kMember>
+struct PrivateMember {
+  friend typename Tag::type Member(Tag) { return kMember; }
+};
+
+}  // namespace dtr::hooks
 
 #endif  // DTR_HOOKS_TORCH_COMPAT_H_

@@ -45,7 +45,7 @@ if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if t
   echo "== hooks + CUDA adapter against torch $TORCH_VERSION: build and C++ tests"
   cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
     -DDTR_BUILD_BENCH=OFF >/dev/null
-  ninja -C build-hooks -j"$jobs" dtr_torch cuda_allocator_test env_config_test
+  ninja -C build-hooks -j"$jobs" dtr_torch cuda_allocator_test env_config_test replay_state_test
   ctest --test-dir build-hooks -L hooks --output-on-failure
 fi
 

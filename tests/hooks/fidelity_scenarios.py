@@ -135,6 +135,48 @@ def global_settings():
     return out
 
 
+def hidden_rng():
+    """Note [Random ops without a Generator argument]: an aten op that draws from the default
+    generator without saying so. dtr must see the generator move while it runs (GenMark): its
+    outputs are then constants, and later calls are recorded with the generator's state. Missed,
+    its replays would draw again, other values."""
+    lib = torch.library.Library("aten", "FRAGMENT")
+    lib.define("_dtr_test_hidden_rng(Tensor x) -> Tensor")
+    lib.impl("_dtr_test_hidden_rng", lambda x: x + torch.rand(x.shape), "CPU")
+    torch.manual_seed(0)
+    keep = ballast()
+    x = torch.ones(64, 64)
+    ys = [torch.ops.aten._dtr_test_hidden_rng(x) * (i + 1) for i in range(4)]
+    evict_all()
+    out = {f"y{i}": dg(y) for i, y in enumerate(ys)}
+    out["after"] = dg(torch.rand(8))  # replays leave the program's stream where it was
+    out["ballast"] = [dg(t) for t in keep]
+    return out
+
+
+def lstm_grad_mode():
+    """Note [Global state a replay depends on]: nn.LSTM on CPU runs aten::mkldnn_rnn_layer, whose
+    kernel takes oneDNN's training path (with a workspace output) when grad mode is on and the
+    inference path (no workspace, other bits) when it is off. Backward runs with grad mode off
+    and replays the forward's layers; a forward under no_grad is replayed with grad mode on. Each
+    replay must take the path the op first took."""
+    torch.manual_seed(0)
+    keep = ballast()
+    lstm = torch.nn.LSTM(32, 32, num_layers=2)
+    x = torch.randn(10, 4, 32)
+    out, (h, c) = lstm(x)
+    loss = out.square().sum() + h.sum() + c.sum()
+    evict_all()
+    loss.backward()
+    res = {"loss": dg(loss), "ballast": [dg(t) for t in keep]}
+    res.update({n: dg(p.grad) for n, p in lstm.named_parameters()})
+    with torch.no_grad():
+        y, _ = lstm(x)
+    evict_all()
+    res["no_grad_forward"] = dg(y * 2)
+    return res
+
+
 def leaving_python():
     """Item 5: evicted tensors serialized, copied, shared or read as Python values."""
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(4))
@@ -229,8 +271,8 @@ def fork_workers():
 
 
 SCENARIOS = dict(numpy_writes=numpy_writes, kept_numpy_view=kept_numpy_view, conj_neg=conj_neg,
-                 global_settings=global_settings, leaving_python=leaving_python,
-                 sparse_quantized=sparse_quantized, fork_workers=fork_workers)
+                 global_settings=global_settings, hidden_rng=hidden_rng, lstm_grad_mode=lstm_grad_mode,
+                 leaving_python=leaving_python, sparse_quantized=sparse_quantized, fork_workers=fork_workers)
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
