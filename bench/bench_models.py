@@ -1,4 +1,4 @@
-"""The seven models of the budget sweep (bench/sweep.py), each seeded and deterministic, sized so
+"""The eight models of the budget sweep (bench/sweep.py), each seeded and deterministic, sized so
 that one CPU training step (one thread) takes tens of milliseconds and activations, not
 parameters, dominate the peak memory, so that a falling budget has something to evict.
 
@@ -57,6 +57,18 @@ def classification_batches(n, device, input_shape, classes=10):
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(*input_shape, generator=g).to(device),
              torch.randint(0, classes, (input_shape[0],), generator=g).to(device)) for _ in range(n)]
+
+
+def token_batches(n, device, rows, lengths, vocab):
+    """n seeded batches of `rows` token sequences for next-token prediction, each with its own
+    length T drawn uniformly from `lengths` (lo, hi inclusive), T + 1 tokens so that the targets
+    are the inputs shifted by one."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(n):
+        T = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=g))
+        out.append(torch.randint(0, vocab, (rows, T + 1), generator=g).to(device))
+    return out
 
 
 class BenchModel:
@@ -322,12 +334,7 @@ class LSTMBench(BenchModel):
         return LSTMLM().to(device)
 
     def batches(self, n, device):
-        g = torch.Generator().manual_seed(1)
-        out = []
-        for _ in range(n):
-            T = int(torch.randint(12, 25, (1,), generator=g))
-            out.append(torch.randint(0, 128, (32, T + 1), generator=g).to(device))
-        return out
+        return token_batches(n, device, 32, (12, 24), 128)
 
     def stages(self, m, batch):
         T = batch.shape[1] - 1
@@ -344,6 +351,55 @@ class LSTMBench(BenchModel):
             return f
 
         return (z, z, torch.zeros((), device=batch.device)), [step(t) for t in range(T)]
+
+
+# ---------------------------------------------------------------- word-level LM: nn.LSTM, large vocabulary
+class WordLM(nn.Module):
+    """Written the way PyTorch's word_language_model example writes it: embedding, dropout, a
+    2-layer nn.LSTM over the whole sequence in one call (inter-layer dropout inside it), dropout,
+    and a decoder to the whole vocabulary, whose logits for every position are the largest
+    activations of the step. The LSTM is narrow so that the step stays near 60 ms on one thread:
+    the head's cost grows with hidden x vocabulary. As in real LMs, the head sets the memory floor:
+    the log-softmax backward holds three logits-sized tensors at once. On the CPU nn.LSTM runs as
+    one aten::mkldnn_rnn_layer per layer (oneDNN), whose fourth output, a training workspace,
+    exists only while grad mode is on."""
+    def __init__(self, vocab=8192, d=64, hidden=64, layers=2, dropout=0.2):
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, d)
+        self.drop = nn.Dropout(dropout)
+        self.rnn = nn.LSTM(d, hidden, num_layers=layers, dropout=dropout, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+
+class WordLMBench(BenchModel):
+    name = "lm"
+    description = ("word-level LSTM LM: embedding 64, nn.LSTM (2 layers, hidden 64, dropout 0.2) in one call, "
+                   "8192-word cross-entropy head over all positions, batch 16, sequence length drawn in [24, 40] per batch")
+    checkpoint_note = ("nn.LSTM and the head+loss each checkpointed on its own (torch.utils.checkpoint, "
+                       "non-reentrant, dropout replayed): the head's logits-sized tensors are recomputed, not avoided")
+    chain_note = "stage = embedding+dropout, the whole nn.LSTM+dropout, or head+loss (3 stages)"
+
+    def build(self, device):
+        torch.manual_seed(0)
+        return WordLM().to(device)
+
+    def batches(self, n, device):
+        return token_batches(n, device, 16, (24, 40), 8192)
+
+    def stages(self, m, batch):
+        x, y = batch[:, :-1], batch[:, 1:]
+        emb = lambda t: m.drop(m.emb(t))  # noqa: E731
+        rnn = lambda h: m.drop(m.rnn(h)[0])  # noqa: E731
+        head = lambda h: F.cross_entropy(m.out(h).reshape(-1, m.vocab), y.reshape(-1))  # noqa: E731
+        return x, [emb, rnn, head]
+
+    def checkpoint_loss(self, m, batch):
+        # sqrt(3) segments would checkpoint only the embedding; what real code checkpoints here
+        # is the recurrent stack and the head.
+        state, (emb, rnn, head) = self.stages(m, batch)
+        ck = lambda f, t: tuc.checkpoint(f, t, use_reentrant=False, preserve_rng_state=True)  # noqa: E731
+        return ck(head, ck(rnn, emb(state)))
 
 
 # ---------------------------------------------------------------- TreeLSTM
@@ -434,7 +490,7 @@ class ChainBench(BenchModel):
 
 
 MODELS = {b.name: b for b in (ResNetBench(), DenseNetBench(), TransformerBench(), UNetBench(), LSTMBench(),
-                              TreeLSTMBench(), ChainBench())}
+                              WordLMBench(), TreeLSTMBench(), ChainBench())}
 
 
 def get(name):

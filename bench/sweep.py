@@ -31,7 +31,7 @@ except ModuleNotFoundError as e:
     sys.exit(f"sweep: {e} in {sys.executable}; run the sweep with the venv scripts/setup.sh made (.venv/bin/python)")
 
 WORKER = os.path.join(HERE, "step_worker.py")
-ALL_MODELS = ["resnet", "densenet", "transformer", "unet", "lstm", "treelstm", "chain"]
+ALL_MODELS = ["resnet", "densenet", "transformer", "unet", "lstm", "lm", "treelstm", "chain"]
 QUICK_MODELS = ["chain", "transformer"]
 DEFAULT_RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 QUICK_RATIOS = [1.0, 0.7, 0.5]

@@ -4,7 +4,7 @@
 # bench/results/<device>.md, <device>.json and <device>_<model>.png, then bench/activation_budgets.py
 # (bench/results/activations.md), the per-op overhead (bench/op_overhead.py) and the DDP overhead
 # (bench/results/ddp.md).
-#   bash scripts/bench.sh                       all seven models, CPU (under 20 minutes on 2 cores)
+#   bash scripts/bench.sh                       all eight models, CPU (under 20 minutes on 2 cores)
 #   bash scripts/bench.sh --quick               smoke run: 2 models, 3 budgets, 1 heuristic (< 1 min)
 #   bash scripts/bench.sh --device cuda         the same on a GPU machine
 #   TORCH_VERSION=2.13.0 bash scripts/bench.sh  against the other wheel (scripts/setup.sh)
