@@ -45,7 +45,10 @@ NON_BINDING_BUDGET = 1 << 40  # 1 TiB
 
 
 class WorkerError(Exception):
-    pass
+    """A worker exited non-zero; `lines` holds the JSON lines it printed before (blocks done)."""
+    def __init__(self, msg, lines=()):
+        super().__init__(msg)
+        self.lines = list(lines)
 
 
 def log(msg):
@@ -86,7 +89,7 @@ class Runner:
         lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         if r.returncode != 0:
             raise WorkerError(f"{cmd} {model} ({'preloaded ' + str(dtr) if preload else 'plain'}) exited "
-                              f"{r.returncode}:\n{r.stderr[-3000:]}")
+                              f"{r.returncode}:\n{r.stderr[-3000:]}", lines)
         return lines
 
     def blocks(self, model, blocks, preload=False, max_step_seconds=0, **dtr):
@@ -118,11 +121,21 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
     """Budgets ratio*base, downward, until one fails; then FINE_STEP refinements below the last
     that worked (in a fresh process: the failed one may have died mid-step)."""
     max_s = runner.args.max_slowdown * plain_s
-    points, failures = [], []
+    points, failures, errors = [], [], []
 
     def run(rs):
         blocks = [{"variant": "model", "budget": int(round(r * base)), "ratio": r, "label": f"{r:g}"} for r in rs]
-        for b in runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic):
+        try:
+            done = runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic)
+        except WorkerError as e:
+            # The budgets measured before the crash stand; the crash is the next budget's failure.
+            done = [o for o in e.lines if "event" not in o]
+            failed = {"status": "error", "message": str(e).splitlines()[0]}
+            if len(done) < len(rs):
+                failed["ratio"] = rs[len(done)]
+            done.append(failed)
+            errors.append(str(e))
+        for b in done:
             if b["status"] != "ok":
                 failures.append(b)
                 return
@@ -133,12 +146,12 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
 
     run(ratios)
     if failures and points and not runner.args.no_refine:
-        last_ok, bad = points[-1]["ratio"], failures[0]["ratio"]
+        last_ok, bad = points[-1]["ratio"], failures[0].get("ratio", 0)
         fine = [round(last_ok - k * FINE_STEP, 4) for k in range(1, FINE_COUNT + 1)]
         fine = [r for r in fine if r > bad + 1e-9]
         if fine:
             run(fine)
-    return points, failures
+    return points, failures, errors
 
 
 def real_runs(runner, bm):
@@ -172,7 +185,8 @@ def real_runs(runner, bm):
         for h in a.heuristics:
             log(f"{bm.name}: {h} sweep")
             try:
-                pts, fail = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, a.ratios)
+                pts, fail, errs = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, a.ratios)
+                res["errors"] += errs
             except WorkerError as e:
                 res["errors"].append(str(e))
                 log(f"{bm.name}: {h} failed:\n{e}")

@@ -121,3 +121,36 @@ def test_op_overhead_reports_each_mode_against_plain():
     assert set(rows) == {"plain", "no budget", "1 TiB budget"}, r.stdout
     assert rows["plain"] == 1.0
     assert rows["no budget"] > 1.0 and rows["1 TiB budget"] > 1.0, r.stdout
+
+
+def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
+    """A worker that dies mid-sweep (a replay error, a signal) costs only the budget it died at:
+    the budgets it printed before stand, the crash is that budget's failure, and the refinement
+    below the last working budget still runs, in a fresh worker."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+
+    ref = {"losses": [1.0], "param_digest": "p"}
+    ok = lambda r: {"status": "ok", "ratio": r, "losses": [1.0], "param_digest": "p"}  # noqa: E731
+    calls = []
+
+    class CrashingRunner:
+        args = type("A", (), {"max_slowdown": 20.0, "no_refine": False})()
+
+        def blocks(self, model, blocks, **kw):
+            ratios = [b["ratio"] for b in blocks]
+            calls.append(ratios)
+            if len(calls) == 1:  # dies after two budgets
+                raise sweep.WorkerError("blocks m (preloaded) exited -11:\nSegmentation fault",
+                                        [{"event": "warmup"}, ok(ratios[0]), ok(ratios[1])])
+            return [ok(r) for r in ratios]
+
+    bm = type("B", (), {"name": "m"})()
+    points, failures, errors = sweep.sweep_heuristic(CrashingRunner(), bm, "dtr-eq", 1 << 20, 0.1, ref,
+                                                     [1.0, 0.9, 0.8, 0.7])
+    assert calls[0] == [1.0, 0.9, 0.8, 0.7]
+    assert calls[1] == [0.875, 0.85, 0.825]  # the refinement, in a fresh worker
+    assert [p["ratio"] for p in points] == [1.0, 0.9, 0.875, 0.85, 0.825]
+    assert all(p["identical"] for p in points)
+    assert failures == [{"status": "error", "message": "blocks m (preloaded) exited -11:", "ratio": 0.8}]
+    assert len(errors) == 1 and "Segmentation fault" in errors[0]
