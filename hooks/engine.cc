@@ -608,16 +608,27 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   struct BackendFlagsGuard {
     ReplayRecord::BackendFlags saved = ReplayRecord::BackendFlags::Current();
     bool changed = false;
+    absl::Status status;
     BackendFlagsGuard(const ReplayRecord::BackendFlags& recorded, bool enabled) {
       if (enabled && !(recorded == saved)) {
-        recorded.Apply();
         changed = true;
+        status = recorded.Apply();
       }
     }
     ~BackendFlagsGuard() {
-      if (changed) saved.Apply();
+      if (!changed) return;
+      if (absl::Status s = saved.Apply(); !s.ok())
+        std::fprintf(stderr, "dtr: restoring the program's backend settings after a replay: %s\n",
+                     std::string(s.message()).c_str());
     }
   } flags_guard(rr.flags, cfg_.rule_enabled(6));
+  if (!flags_guard.status.ok()) {
+    if (saved_default) {
+      std::lock_guard<std::mutex> gl(def.mutex());
+      def.set_state(saved_default->get_state());
+    }
+    return absl::InternalError(absl::StrCat("rematerializing (replay of ", oprec.name, "): ", flags_guard.status.message()));
+  }
   const double t0 = NowNs(), search0 = search_ns_;
   try {
     rr.op.callBoxed(&stack);

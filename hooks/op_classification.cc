@@ -106,11 +106,11 @@ struct CpuGeneratorEngineTag {
   using type = at::mt19937 at::CPUGeneratorImpl::*;
   friend type Member(CpuGeneratorEngineTag);
 };
-template struct PrivateMember<CpuGeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
 struct Mt19937DataTag {
   using type = at::mt19937_data_pod at::mt19937_engine::*;
   friend type Member(Mt19937DataTag);
 };
+template struct PrivateMember<CpuGeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
 template struct PrivateMember<Mt19937DataTag, &at::mt19937_engine::data_>;
 
 GenMark GenMark::Now(c10::Device device) {

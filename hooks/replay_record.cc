@@ -2,7 +2,6 @@
 #include "hooks/replay_record.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <iterator>
 #include <unordered_map>
@@ -15,6 +14,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "absl/strings/str_cat.h"
 #include "hooks/torch_compat.h"
 
 namespace dtr::hooks {
@@ -55,13 +55,6 @@ std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* e
 
 namespace {
 
-constexpr std::pair<at::Float32Backend, at::Float32Op> kPrecisionKeys[4] = {
-    {at::Float32Backend::CUDA, at::Float32Op::MATMUL},
-    {at::Float32Backend::CUDA, at::Float32Op::CONV},
-    {at::Float32Backend::MKLDNN, at::Float32Op::MATMUL},
-    {at::Float32Backend::MKLDNN, at::Float32Op::CONV},
-};
-
 // The CPU's flush-to-zero state, which torch.set_flush_denormal sets and ATen cannot read back.
 bool FlushDenormalOn() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -77,17 +70,17 @@ bool FlushDenormalOn() {
 
 }  // namespace
 
-// Note [Backend flags without hashing]
-// Every recorded op snapshots the backend flags (Note [Global state a replay depends on]). The
-// four float32 precisions were most of it: Context::float32Precision hashes up to three
-// (backend, op) keys per call, about 1,100 instructions for the four, more than the rest of a
-// small op's recording. In the torch releases dtr supports, float32Precision is a function of
-// the map Context::fp32_precision alone (nine fixed keys). So each thread keeps the map's nodes
-// as it last read them, in iteration order, with the precisions computed from them, and calls
-// float32Precision again only when a node's key or value differs: exact, and a few dozen
-// instructions. The map is read in place (Note [Reading torch's private members],
-// torch_compat.h); the other flags are plain fields behind cheap accessors, read every time.
-// tests/hooks/replay_state_test.cc changes each flag through every setter between snapshots.
+// Note [Raw float32 precisions]
+// torch stores the float32 precisions as a map from (backend, op) to a precision, where DEFAULT
+// and NONE on a specific op defer to the backend's ALL entry and then to the generic one;
+// float32Precision resolves them. A snapshot keeps the map's entries as stored, and Apply writes
+// back the ones that differ. Keeping the resolved values instead would turn deferring entries
+// into explicit ones after a replay's restore, so a later torch.backends.fp32_precision = ...
+// would no longer reach them: other kernels than in a plain run, for the rest of the program.
+// Reading the entries is also cheaper than resolving them (float32Precision hashes up to three
+// keys a call, ~1,100 instructions for four): the map's nine nodes are walked in place (Note
+// [Reading torch's private members], torch_compat.h). tests/hooks/replay_state_test.cc checks
+// that every setter's effect survives a snapshot, an Apply of another and an Apply of it.
 using Fp32Key = std::pair<at::Float32Backend, at::Float32Op>;
 struct ContextFp32PrecisionTag {
   using type = std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>> at::Context::*;
@@ -97,72 +90,91 @@ template struct PrivateMember<ContextFp32PrecisionTag, &at::Context::fp32_precis
 
 namespace {
 
-// The map as a thread last read it, and the precisions computed from it.
-struct SeenFp32Precision {
-  static constexpr size_t kMaxNodes = 16;
-  size_t nodes = SIZE_MAX;  // SIZE_MAX: nothing cached
-  std::array<std::pair<Fp32Key, at::Float32Precision>, kMaxNodes> node;
-  uint8_t precision[4] = {};
-};
+using Flags = ReplayRecord::BackendFlags;
+static_assert(int(at::Float32Backend::MKLDNN) == 2 && int(at::Float32Op::MATMUL) == 3,
+              "Float32Backend or Float32Op changed: resize BackendFlags::precision");
 
-void Float32Precisions(const at::Context& c, uint8_t (&out)[4]) {
-  thread_local SeenFp32Precision seen;
-  const auto& map = c.*Member(ContextFp32PrecisionTag{});
-  bool same = map.size() == seen.nodes;
-  if (same) {
-    size_t i = 0;
-    for (const auto& [key, value] : map) {
-      if (key != seen.node[i].first || value != seen.node[i].second) {
-        same = false;
-        break;
-      }
-      ++i;
-    }
+// The slot of a key in BackendFlags::precision, or -1 (a key this build does not know).
+int PrecisionSlot(const Fp32Key& key) {
+  const int slot = int(key.first) * 4 + int(key.second);
+  return int(key.second) < 4 && slot >= 0 && slot < Flags::kPrecisionSlots ? slot : -1;
+}
+
+std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>>& Fp32PrecisionMap(at::Context& c) {
+  return c.*Member(ContextFp32PrecisionTag{});
+}
+
+// CuBLASReductionOption as the setter's two flags.
+std::pair<bool, bool> ReductionSetterArgs(uint8_t option) {
+  switch (at::CuBLASReductionOption(option)) {
+    case at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK: return {true, true};
+    case at::CuBLASReductionOption::DisallowReducedPrecisionAllowSplitK: return {false, true};
+    case at::CuBLASReductionOption::DisallowReducedPrecisionDisallowSplitK: return {false, false};
   }
-  if (!same) {
-    // The nodes first: a concurrent change after this read is seen as a difference next time.
-    seen.nodes = SIZE_MAX;
-    if (map.size() <= SeenFp32Precision::kMaxNodes) {
-      size_t i = 0;
-      for (const auto& kv : map) seen.node[i++] = kv;
-      seen.nodes = i;
-    }
-    for (int i = 0; i < 4; ++i)
-      seen.precision[i] = uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
-  }
-  std::copy(std::begin(seen.precision), std::end(seen.precision), out);
+  return {false, false};
 }
 
 }  // namespace
 
 ReplayRecord::BackendFlags ReplayRecord::BackendFlags::Current() {
-  const at::Context& c = at::globalContext();
+  at::Context& c = at::globalContext();
   BackendFlags f;
   f.deterministic = c.deterministicAlgorithms();
   f.deterministic_warn_only = c.deterministicAlgorithmsWarnOnly();
+  f.deterministic_fill = c.deterministicFillUninitializedMemory();
   f.cudnn_deterministic = c.deterministicCuDNN();
   f.cudnn_benchmark = c.benchmarkCuDNN();
   f.cudnn_enabled = c.userEnabledCuDNN();
   f.mkldnn_enabled = c.userEnabledMkldnn();
-  Float32Precisions(c, f.precision);
+  f.nnpack_enabled = c.userEnabledNNPACK();
+  std::fill(std::begin(f.precision), std::end(f.precision), kNoPrecision);
+  for (const auto& [key, value] : Fp32PrecisionMap(c))
+    if (int slot = PrecisionSlot(key); slot >= 0) f.precision[slot] = uint8_t(value);
+  f.fp16_reduction_cublas = uint8_t(c.allowFP16ReductionCuBLAS());
+  f.bf16_reduction_cublas = uint8_t(c.allowBF16ReductionCuBLAS());
+  f.fp16_accumulation_cublas = c.allowFP16AccumulationCuBLAS();
+  f.fp16_reduction_cpu = c.allowFP16ReductionCPU();
+  f.blas_backend = uint8_t(c.blasPreferredBackend());
+  f.linalg_backend = uint8_t(c.linalgPreferredBackend());
   f.flush_denormal = FlushDenormalOn();
   f.num_threads = at::get_num_threads();
   return f;
 }
 
-void ReplayRecord::BackendFlags::Apply() const {
+absl::Status ReplayRecord::BackendFlags::Apply() const try {
   at::Context& c = at::globalContext();
   if (c.deterministicAlgorithms() != deterministic || c.deterministicAlgorithmsWarnOnly() != deterministic_warn_only)
     c.setDeterministicAlgorithms(deterministic, deterministic_warn_only);
+  if (c.deterministicFillUninitializedMemory() != deterministic_fill)
+    c.setDeterministicFillUninitializedMemory(deterministic_fill);
   if (c.deterministicCuDNN() != cudnn_deterministic) c.setDeterministicCuDNN(cudnn_deterministic);
   if (c.benchmarkCuDNN() != cudnn_benchmark) c.setBenchmarkCuDNN(cudnn_benchmark);
   if (c.userEnabledCuDNN() != cudnn_enabled) c.setUserEnabledCuDNN(cudnn_enabled);
   if (c.userEnabledMkldnn() != mkldnn_enabled) c.setUserEnabledMkldnn(mkldnn_enabled);
-  for (int i = 0; i < 4; ++i)
-    if (uint8_t(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second)) != precision[i])
-      c.setFloat32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second, at::Float32Precision(precision[i]));
+  if (c.userEnabledNNPACK() != nnpack_enabled) c.setUserEnabledNNPACK(nnpack_enabled);
+  // Note [Raw float32 precisions]: the entries as they were stored, written in place (the setter
+  // refuses DEFAULT, which torch itself stores).
+  for (auto& [key, value] : Fp32PrecisionMap(c)) {
+    const int slot = PrecisionSlot(key);
+    if (slot >= 0 && precision[slot] != kNoPrecision) value = at::Float32Precision(precision[slot]);
+  }
+  if (uint8_t(c.allowFP16ReductionCuBLAS()) != fp16_reduction_cublas) {
+    auto [reduced, splitk] = ReductionSetterArgs(fp16_reduction_cublas);
+    c.setAllowFP16ReductionCuBLAS(reduced, splitk);
+  }
+  if (uint8_t(c.allowBF16ReductionCuBLAS()) != bf16_reduction_cublas) {
+    auto [reduced, splitk] = ReductionSetterArgs(bf16_reduction_cublas);
+    c.setAllowBF16ReductionCuBLAS(reduced, splitk);
+  }
+  if (c.allowFP16AccumulationCuBLAS() != fp16_accumulation_cublas) c.setAllowFP16AccumulationCuBLAS(fp16_accumulation_cublas);
+  if (c.allowFP16ReductionCPU() != fp16_reduction_cpu) c.setAllowFP16ReductionCPU(fp16_reduction_cpu);
+  if (uint8_t(c.blasPreferredBackend()) != blas_backend) c.setBlasPreferredBackend(at::BlasBackend(blas_backend));
+  if (uint8_t(c.linalgPreferredBackend()) != linalg_backend) c.setLinalgPreferredBackend(at::LinalgBackend(linalg_backend));
   if (FlushDenormalOn() != flush_denormal) (void)c.setFlushDenormal(flush_denormal);
   if (at::get_num_threads() != num_threads) at::set_num_threads(num_threads);
+  return absl::OkStatus();
+} catch (const c10::Error& e) {
+  return absl::InternalError(absl::StrCat("dtr: torch refused a recorded backend setting: ", e.what_without_backtrace()));
 }
 
 at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m) {

@@ -20,6 +20,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
 #include "runtime/ids.h"
 
 namespace dtr::hooks {
@@ -99,24 +100,40 @@ struct ReplayRecord {
   c10::Device gen_device{c10::DeviceType::CPU};  // whose default generator default_gen is
   // Note [Global state a replay depends on]: torch.set_default_dtype changes what many ops
   // produce (factories without dtype, int tensor * float scalar, ...), and the backend flags
-  // (deterministic algorithms, cuDNN deterministic/benchmark, TF32) change which kernel runs and
-  // so the bits, as do the flush-to-zero mode and the intra-op thread count. So does grad mode,
-  // a thread-local that autograd leaves on below its key: aten::mkldnn_rnn_layer (nn.LSTM on
-  // CPU) runs oneDNN's training forward, with a workspace output, when it is on and the
-  // inference forward, without one and other bits, when it is off, as it is while backward
-  // replays forward ops. A replay runs under the values that were current when the op first ran.
+  // (deterministic algorithms and their uninitialized-memory fill, cuDNN deterministic/benchmark,
+  // NNPACK, the float32 precisions, cuBLAS reduced-precision reductions and accumulation, the
+  // preferred BLAS and linalg libraries) change which kernel runs and so the bits, as do the
+  // flush-to-zero mode and the intra-op thread count. So does grad mode, a thread-local that
+  // autograd leaves on below its key: aten::mkldnn_rnn_layer (nn.LSTM on CPU) runs oneDNN's
+  // training forward, with a workspace output, when it is on and the inference forward, without
+  // one and other bits, when it is off, as it is while backward replays forward ops. A replay
+  // runs under the values that were current when the op first ran, and restores the program's
+  // own afterwards exactly: the float32 precisions as torch stores them (Note [Raw float32
+  // precisions], replay_record.cc), not as they resolve.
+  // Not snapshotted: state read only above dtr's key (the scaled-dot-product backend choice,
+  // made by the composite op before the kernel dtr records), and InferenceMode (it forces grad
+  // mode off, which is recorded; its own flag marks tensors, and a replay's output memory is
+  // adopted into the original storage).
   caffe2::TypeMeta default_dtype = c10::get_default_dtype();
   bool grad_enabled = c10::GradMode::is_enabled();
   struct BackendFlags {
-    bool deterministic = false, deterministic_warn_only = false, cudnn_deterministic = false,
-         cudnn_benchmark = false, cudnn_enabled = true, mkldnn_enabled = true;
-    uint8_t precision[4] = {};  // float32Precision of (CUDA|MKLDNN) x (MATMUL|CONV)
+    bool deterministic = false, deterministic_warn_only = false, deterministic_fill = true, cudnn_deterministic = false,
+         cudnn_benchmark = false, cudnn_enabled = true, mkldnn_enabled = true, nnpack_enabled = true;
+    // Context::fp32_precision by (backend, op), index backend * 4 + op; kNoPrecision where torch
+    // has no such key.
+    static constexpr uint8_t kNoPrecision = 0xff;
+    static constexpr int kPrecisionSlots = 3 * 4;
+    uint8_t precision[kPrecisionSlots] = {};
+    uint8_t fp16_reduction_cublas = 0, bf16_reduction_cublas = 0;  // at::CuBLASReductionOption
+    bool fp16_accumulation_cublas = false, fp16_reduction_cpu = false;
+    uint8_t blas_backend = 0, linalg_backend = 0;  // at::BlasBackend, at::LinalgBackend
     // torch.set_flush_denormal (the CPU's flush-to-zero mode) changes results with subnormal
     // operands; torch.set_num_threads may change a parallel reduction's order.
     bool flush_denormal = false;
     int num_threads = 1;
     static BackendFlags Current();
-    void Apply() const;
+    // Sets what differs; an error if torch refused a value (the flags may then be partly set).
+    absl::Status Apply() const;
     bool operator==(const BackendFlags&) const = default;
   } flags = BackendFlags::Current();
   explicit ReplayRecord(c10::OperatorHandle h) : op(std::move(h)) {}
