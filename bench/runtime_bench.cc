@@ -3,6 +3,7 @@
 // 10^5), for each victim search mode. The difference between the two is the cost of the
 // eviction decision (bench/results/runtime.md).
 #include <memory>
+#include <vector>
 
 #include "benchmark/benchmark.h"
 #include "runtime/runtime.h"
@@ -20,6 +21,7 @@ struct Fixture {
   NullBackend backend;
   std::unique_ptr<Runtime> runtime;
   StorageId last;
+  std::vector<StorageId> created;
   uint64_t size = 1024;
 
   Fixture(int64_t resident, SearchMode search, HeuristicKind heuristic, bool pressure) {
@@ -28,17 +30,17 @@ struct Fixture {
     config.heuristic = heuristic;
     runtime = *Runtime::Create(config, &backend);
     last = *runtime->AddConstant(size);
-    for (int64_t i = 0; i < resident; ++i) Step();
+    for (int64_t i = 0; i < resident; ++i) created.push_back(Step());
     // Evict every 8th storage so dtr-eq sees evicted components around candidates.
-    auto ranked = runtime->RankedCandidates(size_t(resident));
-    for (size_t i = 0; i < ranked.size(); i += 8) (void)runtime->Evict(ranked[i].id);
+    for (size_t i = 0; i < created.size(); i += 8) (void)runtime->Evict(created[i]);
     if (pressure) (void)runtime->SetBudget(runtime->memory());
   }
-  void Step() {
+  StorageId Step() {
     auto out = runtime->Compute({"f", {&last, 1}, {&size, 1}, true, 0},
                                 [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 10.0; });
     if (!out.ok()) std::abort();
     last = (*out)[0];
+    return last;
   }
 };
 
@@ -57,6 +59,20 @@ void BM_RecordOpNoPressure(benchmark::State& state) { RecordOp(state, SearchMode
 void BM_RecordOpWithEvictionSampled(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, true); }
 void BM_RecordOpWithEvictionExact(benchmark::State& state) { RecordOp(state, SearchMode::kExact, true); }
 
+// What the allocators ask for when they need room (Note [Ranked candidates]): the best 32
+// candidates, ranked. No eviction follows, so each iteration is one ranking.
+void RankCandidates(benchmark::State& state, SearchMode search) {
+  Fixture f(state.range(0), search, HeuristicKind::kDtrEq, false);
+  uint64_t scored_before = f.runtime->stats().candidates_scored;
+  for (auto _ : state) benchmark::DoNotOptimize(f.runtime->RankedCandidates(32));
+  state.counters["scored_per_ranking"] =
+      double(f.runtime->stats().candidates_scored - scored_before) / double(state.iterations());
+}
+void BM_RankCandidatesSampled(benchmark::State& state) { RankCandidates(state, SearchMode::kSampled); }
+void BM_RankCandidatesExact(benchmark::State& state) { RankCandidates(state, SearchMode::kExact); }
+
+BENCHMARK(BM_RankCandidatesSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
+BENCHMARK(BM_RankCandidatesExact)->Arg(1000)->Arg(10000)->Arg(100000);
 BENCHMARK(BM_RecordOpNoPressure)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RecordOpWithEvictionSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RecordOpWithEvictionExact)->Arg(1000)->Arg(10000)->Arg(100000);

@@ -25,7 +25,7 @@ enum class DeallocPolicy {
 
 // How the victim is found (Note [Victim search] in eviction_search.cc).
 enum class SearchMode {
-  kSampled,  // score ceil(sqrt(n)) random candidates (the prototype's optimization); default
+  kSampled,  // score a sample and the carried runners-up (Note [Victim search]); default
   kExact,    // score every evictable storage
 };
 
@@ -43,6 +43,10 @@ struct RuntimeConfig {
   // dtr's and msps's neighborhood walks stop after this many evicted storages (0: no limit):
   // Note [Bounded neighborhood walks] (neighborhoods.cc).
   uint32_t neighborhood_walk_limit = 256;
+  // A victim search stops a candidate's walk once its score cannot win (Note [Bounded victim
+  // search], eviction_search.cc): the same decisions for fewer visits. false walks every
+  // candidate in full, for the tests and experiments that compare the two.
+  bool cut_losing_walks = true;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;

@@ -47,7 +47,8 @@ bool Runtime::HasEvictedDependent(StorageId id) {
 // wrong when false: a storage only gains a neighbor by an op that reads or writes both, and that
 // op makes both resident first. So a false flag means a neighborhood cost of 0 without a walk.
 // CheckInvariants verifies it.
-double Runtime::NeighborhoodCost(StorageId id) {
+double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double above, bool* stopped) {
+  if (stopped != nullptr) *stopped = false;
   const NeighborhoodKind kind = neighborhood_;
   if (kind == NeighborhoodKind::kNone) return 0;
   StorageRecord& self = rec(id);
@@ -77,6 +78,8 @@ double Runtime::NeighborhoodCost(StorageId id) {
   std::vector<StorageId>& frontier = walk_frontier_;
   std::vector<StorageId>& next = walk_next_;
   const size_t limit = config_.neighborhood_walk_limit == 0 ? SIZE_MAX : config_.neighborhood_walk_limit;
+  bool cut = false;
+  // Sets `cut` and stops once the bound is exceeded: the rest cannot change the outcome.
   auto walk = [&](bool upward) {
     size_t taken = 0;
     frontier.clear();
@@ -90,16 +93,21 @@ double Runtime::NeighborhoodCost(StorageId id) {
       r.walk_epoch = epoch;
       any_evicted = true;
       cost += r.cost;
+      if (bound != nullptr && bound->Final(cost) > above) {
+        cut = true;
+        return;
+      }
       if (++taken == limit) break;
       if (upward) Deps(n, &next); else Dependents(n, &next);
       frontier.insert(frontier.end(), next.begin(), next.end());
     }
   };
   walk(/*upward=*/true);
-  if (kind == NeighborhoodKind::kExact) {
+  if (kind == NeighborhoodKind::kExact && !cut) {
     walk(/*upward=*/false);
     if (!any_evicted) self.neighbor_evicted = false;  // both directions were looked at
   }
+  if (stopped != nullptr) *stopped = cut;
   return cost;
 }
 

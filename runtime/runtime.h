@@ -116,8 +116,9 @@ class Runtime {
     uint64_t size;
     uint64_t handle;
   };
-  // Every evictable storage's score, lowest first, at most `max_count` of them: lets an
-  // allocator pick victims by score and by where their memory sits.
+  // The best-scored evictable storages, lowest score first, at most `max_count` of them, drawn
+  // per the search mode (Note [Ranked candidates]): lets an allocator pick victims by score and
+  // by where their memory sits.
   std::vector<Candidate> RankedCandidates(size_t max_count);
   absl::Status Evict(StorageId id);
 
@@ -191,8 +192,31 @@ class Runtime {
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
   // neighborhoods.cc.
   static bool AwaitsReader(const StorageRecord& r) { return r.external_refs > 0 && r.readers.empty(); }
-  double NeighborhoodCost(StorageId id);
+  // A candidate's score short of its neighborhood cost: the heuristic's inputs and the thrash
+  // factor (Note [Thrashing]). Final(nc) is the score; it never falls as nc grows.
+  struct PartialScore {
+    HeuristicKind kind;
+    ScoreInputs in;     // neighborhood_cost left 0
+    double damping = 1;
+    double Final(double neighborhood_cost) const {
+      ScoreInputs full = in;
+      full.neighborhood_cost = neighborhood_cost;
+      return Score(kind, full) * damping;
+    }
+  };
+  PartialScore StartScore(StorageId id);
+  // The neighborhood cost of `id` per neighborhood_. Given `bound`, a walk stops as soon as
+  // bound->Final(cost so far) exceeds `above`, returning the partial cost with *stopped set
+  // (Note [Bounded victim search]).
+  double NeighborhoodCost(StorageId id, const PartialScore* bound = nullptr, double above = 0,
+                          bool* stopped = nullptr);
   double ScoreUnchecked(StorageId id);
+  // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
+  // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]).
+  void ScoreCandidates(size_t keep, double small);
+  // Fills candidates_ for one search: the whole pool, or in sampled mode (when the sample is
+  // smaller than the pool) the carried runners-up and a fresh sample; returns whether sampled.
+  bool DrawCandidates();
   bool ChooseVictim(StorageId* victim);
   void EvictUnchecked(StorageId id, bool eager);
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
@@ -238,7 +262,10 @@ class Runtime {
   static constexpr size_t kCarriedCandidates = 16;
   std::vector<StorageId> carried_;                     // Note [Victim search]
   std::vector<std::pair<double, StorageId>> scored_;   // scratch for one search
-  std::vector<StorageId> sample_;                      // scratch for one search
+  std::vector<StorageId> candidates_;                  // scratch for one search
+  std::vector<double> candidate_scores_;               // scratch for one search
+  std::vector<PartialScore> partial_scores_;           // scratch for one search
+  std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
   std::vector<StorageId> walk_frontier_, walk_next_;  // scratch for one neighborhood walk

@@ -19,13 +19,15 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--thrash-damping X] [--min-samples N] [--max-samples N]
-          [--walk-limit N] [--check]
+          [--walk-limit N] [--full-walks] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
 --budget takes bytes (suffixes K/M/G, KiB/MiB/GiB); --ratio is a fraction of the trace's peak
 with no budget. --generate writes a synthetic trace (chain, adversarial, unet, treelstm,
 random-dag) to stdout; for adversarial, --b is the budget in unit tensors it plays against.
+--full-walks scores every candidate's neighborhood in full instead of stopping the walks of
+candidates that cannot win (the same decisions, more work: Note [Bounded victim search]).
 )";
 
 int Fail(const std::string& message) {
@@ -57,6 +59,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--check") {
       options.check_invariants = true;
+    } else if (arg == "--full-walks") {
+      options.runtime.cut_losing_walks = false;
     } else if (!value(&v)) {
       return Fail(absl::StrCat("unknown or incomplete option '", arg, "'\n", kUsage));
     } else if (arg == "--trace") {

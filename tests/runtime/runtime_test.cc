@@ -1,6 +1,8 @@
 // Tests for the DTR runtime with a recording fake backend.
 #include "runtime/runtime.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -721,6 +723,87 @@ TEST_F(RuntimeTest, EvictAtLeastFreesLowestScoresFirst) {
   ASSERT_EQ(ranked.size(), 1u);
   EXPECT_EQ(ranked[0].id, small);
   EXPECT_EQ(rt_->UnevictableBytes(), 1u);
+}
+
+// Note [Ranked candidates]: in sampled mode a ranking scores the carried runners-up and a
+// sample, not the pool, and carries its best on, so the best it offers never gets worse.
+TEST_F(RuntimeTest, RankedCandidatesInSampledModeScoreASampleAndCarryTheBest) {
+  RuntimeConfig config;
+  config.heuristic = HeuristicKind::kSize;  // score 1/size: fixed, whatever the clock
+  config.min_samples = config.max_samples = 4;
+  Make(config);
+  StorageId x = Const(1);
+  for (uint64_t size = 1; size <= 200; ++size) {
+    StorageId s = Op1("op", {x}, size);
+    ASSERT_TRUE(rt_->storage(s) != nullptr);
+    (void)Op1("reader", {s}, 0);  // read by a live recipe: not a result awaiting its reader
+  }
+  double best = std::numeric_limits<double>::infinity();
+  for (int call = 0; call < 50; ++call) {
+    const uint64_t scored_before = rt_->stats().candidates_scored;
+    auto ranked = rt_->RankedCandidates(8);
+    EXPECT_LE(rt_->stats().candidates_scored - scored_before, 4u + 16u);  // sample + carried
+    ASSERT_FALSE(ranked.empty());
+    for (size_t i = 1; i < ranked.size(); ++i) {
+      EXPECT_LE(ranked[i - 1].score, ranked[i].score);
+      EXPECT_NE(ranked[i - 1].id, ranked[i].id);
+    }
+    EXPECT_LE(ranked[0].score, best) << "call " << call;
+    best = ranked[0].score;
+  }
+  EXPECT_LT(best, 1.0 / 150);  // carrying climbed well above what one sample of 4 finds
+  Check();
+}
+
+// Note [Ranked candidates]: a sample holding only results awaiting their reader does not hide
+// the one storage that can be evicted cheaply.
+TEST_F(RuntimeTest, RankedCandidatesSearchThePoolWhenTheSampleHasNothingToRank) {
+  RuntimeConfig config;
+  config.heuristic = HeuristicKind::kSize;
+  config.min_samples = config.max_samples = 4;
+  Make(config);
+  StorageId x = Const(1);
+  for (int i = 0; i < 99; ++i) (void)Op1("held", {x}, 10);  // held, read by nothing
+  StorageId read = Op1("read", {x}, 10);
+  (void)Op1("reader", {read}, 0);
+  for (int call = 0; call < 10; ++call) {
+    auto ranked = rt_->RankedCandidates(4);
+    ASSERT_FALSE(ranked.empty());
+    EXPECT_EQ(ranked[0].id, read) << "call " << call;
+    EXPECT_TRUE(std::isfinite(ranked[0].score));
+  }
+}
+
+// Note [Bounded victim search]: cutting losing walks leaves the ranked list as it was.
+TEST_F(RuntimeTest, CuttingLosingWalksKeepsTheRankedList) {
+  for (SearchMode search : {SearchMode::kExact, SearchMode::kSampled}) {
+    std::vector<std::vector<std::pair<StorageId, double>>> lists[2];
+    for (bool cut : {false, true}) {
+      RuntimeConfig config;
+      config.heuristic = HeuristicKind::kDtr;
+      config.search = search;
+      config.min_samples = config.max_samples = 8;
+      config.cut_losing_walks = cut;
+      Make(config);
+      // A chain with side branches, then evictions all along it, ranked after each.
+      StorageId x = Const(1);
+      std::vector<StorageId> chain = {x};
+      for (int i = 0; i < 120; ++i) {
+        StorageId next = Op1("f", {chain.back()}, 10 + (i * 37) % 23, 1 + (i * 13) % 7);
+        if (i % 3 == 0) (void)Op1("side", {chain.back(), next}, 5 + i % 4, 2);
+        chain.push_back(next);
+      }
+      for (int round = 0; round < 30; ++round) {
+        rt_->EvictAtLeast(40);
+        std::vector<std::pair<StorageId, double>> list;
+        for (const auto& c : rt_->RankedCandidates(6)) list.push_back({c.id, c.score});
+        lists[cut].push_back(list);
+        ASSERT_TRUE(rt_->Access(chain[1 + (round * 41) % 120]).ok());
+        Check();
+      }
+    }
+    EXPECT_EQ(lists[0], lists[1]) << SearchModeName(search);
+  }
 }
 
 }  // namespace
