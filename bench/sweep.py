@@ -262,6 +262,8 @@ def run_sim(runner, trace, heuristic, ratio):
     keep = {k: d.get(k) for k in ("status", "budget_bytes", "peak_bytes", "base_cost", "total_cost", "compute_ratio",
                                   "evictions", "rematerializations")}
     keep["ratio"] = ratio
+    # Note [Memory floor] (runtime/runtime.cc): what must be resident at the worst op.
+    keep["floor_bytes"] = (d.get("stats") or {}).get("floor_bytes")
     return keep
 
 
@@ -287,6 +289,9 @@ def simulate(runner, bm, work):
         sim["runs"][h] = rows
     ok = [d for d in sim["runs"][a.sim_heuristics[0]] if d["ratio"] == 1.0 and d["status"] == "ok"]
     sim["peak_bytes"] = ok[0]["peak_bytes"] if ok else None
+    # The lower bound under no budget: unevictable bytes plus the worst op's operands. No
+    # schedule, dtr's or another, trains in less (issue 16 item 1).
+    sim["floor_bytes"] = ok[0]["floor_bytes"] if ok else None
     return sim
 
 
@@ -626,6 +631,9 @@ def caption_sim(sim, hs):
     cheapest = min(winners, key=lambda h: row(h)["overhead"])
     s = (f"Smallest simulated budget that works: {best:g} of the trace peak ({', '.join(winners)}); there "
          f"{cheapest} is cheapest at {x(1 + row(cheapest)['overhead'])}.")
+    if sim.get("floor_bytes") is not None and sim.get("peak_bytes"):
+        s += (f" The lower bound (Note [Memory floor]) is {sim['floor_bytes'] / sim['peak_bytes']:.2f} of the trace "
+              f"peak ({mib(sim['floor_bytes'])}).")
     others = [f"{h} {mins[h]:g}" if mins[h] is not None else f"{h} none" for h in hs if h not in winners]
     if others:
         s += " Smallest working ratio of the others: " + ", ".join(others) + "."
@@ -730,12 +738,19 @@ def chain_section(results, a):
     return "\n".join(L)
 
 
+def floor_ratio(res):
+    """The trace's lower bound as a fraction of its peak (dtr-sim, Note [Memory floor]), or None."""
+    sim = res.get("sim") or {}
+    floor, peak = sim.get("floor_bytes"), sim.get("peak_bytes")
+    return floor / peak if floor is not None and peak else None
+
+
 def summary_section(results, a):
     h0 = a.heuristics[0]
     L = ["## Summary\n",
          f"| model | plain step | dtr, no budget | dtr, 1 TiB budget | {h0} at 1.0 | smallest working ratio (" + ", ".join(a.heuristics) +
-         f") | {h0} at 0.5 | {h0} at its smallest | checkpoint: memory, time | {h0} at checkpoint's memory |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+         f") | lower bound | {h0} at 0.5 | {h0} at its smallest | checkpoint: memory, time | {h0} at checkpoint's memory |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         sw = res.get("sweeps", {})
         mins = []
@@ -749,13 +764,18 @@ def summary_section(results, a):
         ckcell = f"{cm:.2f}, {x(ct)}" if cm is not None and ct is not None else "n/a"
         dck = interp_time(eq, cm) if eq and cm is not None else None
         u, nb1 = res.get("unlimited"), res.get("non_binding")
+        fr = floor_ratio(res)
         L.append(f"| {res['name']} | {secs(res['plain_step_seconds'])} | {x(u['time_ratio']) if u else '—'} | "
-                 f"{x(nb1['time_ratio']) if nb1 else '—'} | {x(one['time_ratio']) if one else '—'} | {' / '.join(mins)} | {x(half['time_ratio']) if half else '—'} | "
+                 f"{x(nb1['time_ratio']) if nb1 else '—'} | {x(one['time_ratio']) if one else '—'} | {' / '.join(mins)} | {f'{fr:.2f}' if fr is not None else '—'} | "
+                 f"{x(half['time_ratio']) if half else '—'} | "
                  f"{(x(low['time_ratio']) + ' at ' + format(low['ratio'], 'g')) if low else '—'} | {ckcell} | "
                  f"{x(dck) if dck is not None else '—'} |")
     L.append("")
     text = ["Time ratios are dtr's median step time over the plain step time of the same invocation; ratios of "
-            "memory are of the preloaded run's peak allocated bytes with no budget."]
+            "memory are of the preloaded run's peak allocated bytes with no budget. The lower bound is the "
+            "trace's memory floor in dtr-sim (Note [Memory floor]: the unevictable bytes plus the largest "
+            "operands of any one op, which no schedule can go below) over the trace's peak; the trace counts "
+            "exact tensor bytes, the real runs allocated blocks, so compare the two columns as fractions."]
     eqs = [(r["name"], min(p["ratio"] for p in r["sweeps"][h0])) for r in results if r.get("sweeps", {}).get(h0)]
     if eqs:
         lo, hi = min(eqs, key=lambda e: e[1]), max(eqs, key=lambda e: e[1])

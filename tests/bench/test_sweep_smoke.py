@@ -76,6 +76,12 @@ def test_simulator_rows(report):
     for m in data["models"]:
         sim = m["sim"]
         assert sim["peak_bytes"] > 0
+        # issue 16 item 1: the lower bound beside the floor reached; no run trains below it
+        assert 0 < sim["floor_bytes"] <= sim["peak_bytes"], m["name"]
+        for rows in sim["runs"].values():
+            for d in rows:
+                if d["status"] == "ok":
+                    assert d["budget_bytes"] >= sim["floor_bytes"], (m["name"], d)
         for h, rows in sim["runs"].items():
             assert [d["ratio"] for d in rows] == data["settings"]["sim_ratios"], h
             one = rows[0]
