@@ -54,7 +54,8 @@ std::string AllocatorConfig::ToString() const {
       ", min_large_alloc=", FormatBytesShort(min_large_alloc),
       ", large_round=", FormatBytesShort(large_round),
       ", eviction=", enable_eviction ? "on" : "off",
-      ", shrink_segment_to_fit_budget=", shrink_segment_to_fit_budget ? "on" : "off", "}");
+      ", shrink_segment_to_fit_budget=", shrink_segment_to_fit_budget ? "on" : "off",
+      ", exact_reuse_under_budget=", exact_reuse_under_budget ? "on" : "off", "}");
 }
 
 bool operator==(const AllocatorConfig& a, const AllocatorConfig& b) {
@@ -62,7 +63,8 @@ bool operator==(const AllocatorConfig& a, const AllocatorConfig& b) {
          a.small_size == b.small_size && a.small_segment_size == b.small_segment_size &&
          a.large_segment_size == b.large_segment_size && a.min_large_alloc == b.min_large_alloc &&
          a.large_round == b.large_round && a.enable_eviction == b.enable_eviction &&
-         a.shrink_segment_to_fit_budget == b.shrink_segment_to_fit_budget;
+         a.shrink_segment_to_fit_budget == b.shrink_segment_to_fit_budget &&
+         a.exact_reuse_under_budget == b.exact_reuse_under_budget;
 }
 
 }  // namespace dtr::alloc

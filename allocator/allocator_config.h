@@ -36,6 +36,9 @@ struct AllocatorConfig {
   // When the usual segment size would exceed the budget (or the backend refuses it), try the
   // smallest segment that holds the request. See Note [Budget-constrained segment size].
   bool shrink_segment_to_fit_budget = true;
+  // Under a budget, a cached free block serves only a request of its own rounded size: no block
+  // is split, so no remnant keeps a segment reserved. See Note [Exact reuse under a budget].
+  bool exact_reuse_under_budget = false;
 
   bool unlimited_budget() const { return budget_bytes == kUnlimited; }
 

@@ -72,6 +72,18 @@ namespace dtr::alloc {
 // threads freed and allocated meanwhile), so Allocate re-runs the ladder from rung 1 after it. An
 // Allocate issued from inside MakeRoom on the same thread skips rung 3 (no recursive eviction).
 //
+// Note [Exact reuse under a budget]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With config.exact_reuse_under_budget and a finite budget, rung 1 hands out a cached free block
+// only to a request of exactly its rounded size. A larger block would be split, and the remnant
+// cannot go back to the backend while its neighbour lives: under a tight budget remnants add up
+// to requests that fit nowhere (an MLP at 0.9 of its peak failed with 78 KiB free in them). The
+// cache is kept otherwise: training repeats its shapes, so most requests find a block of their
+// size, and what does not is released by rung 4 (CanSatisfy counts it, so no eviction is asked
+// for bytes the cache holds). Host memory used this way for dtr's CPU allocator
+// (hooks/cpu_allocator_adapter.cc) replaced releasing every block as it was freed, whose mmap and
+// page faults on the next allocation doubled the step time under a budget that never binds.
+//
 // Note [Retry ladder]
 // ~~~~~~~~~~~~~~~~~~~
 // Allocate tries, in order: (1) the best-fitting cached free block of the pool on the stream;
@@ -276,6 +288,9 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, P
   key.ptr = 0;
   auto it = set.lower_bound(&key);
   if (it == set.end() || (*it)->stream != stream) return nullptr;
+  // Note [Exact reuse under a budget].
+  if (config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited && (*it)->size != rounded)
+    return nullptr;
   return *it;  // best fit: the smallest block of this stream that is large enough
 }
 

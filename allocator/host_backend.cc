@@ -15,8 +15,9 @@ namespace dtr::alloc {
 // from malloc. glibc raises its own mmap threshold to the size of each mapped chunk it frees, so
 // after the first free, large segments come from the heap; a small long-lived malloc (a replay
 // record) placed in a freed large chunk then splits it, the next segment no longer fits and the
-// heap grows: under a budget (segments released at once, Note [CPU allocator granularity]) an
-// EMA carried across steps grew the process by 0.75 MB a step while dtr's accounting stayed flat.
+// heap grows: when segments were released as soon as they were freed (under a budget, before
+// Note [Exact reuse under a budget]), an EMA carried across steps grew the process by 0.75 MB a
+// step while dtr's accounting stayed flat. Rung 4 of the retry ladder still releases them.
 // Mapped segments return to the OS when freed and never mix with small allocations.
 constexpr size_t kMapThreshold = 128 << 10;
 

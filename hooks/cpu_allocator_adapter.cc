@@ -40,17 +40,17 @@ alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
   // be reused by the next request. Segments shared by several tensors fragment under a tight
   // budget: one long-lived tensor (a parameter, a gradient) keeps its whole segment reserved,
   // and a 256 KiB small-pool segment could not grow inside a 460 KiB budget that already held
-  // one. So every tensor gets its own segment, rounded to 512 B (the header included). Without
-  // a budget, freed segments are cached for reuse. Under a budget they are released at once
-  // (DataDeleter): reusing a larger cached segment splits it, and the remnant cannot be
-  // released while its neighbour lives (MLP at 0.9 of its peak failed with 78 KiB free in
-  // remnants). The caching allocator has no "do not split" option yet.
+  // one. So every tensor gets its own segment, rounded to 512 B (the header included). Freed
+  // segments are cached for reuse; under a budget a cached segment serves only a request of its
+  // own size (Note [Exact reuse under a budget], allocator/caching_allocator.cc), since
+  // splitting it would leave a remnant that cannot be released while its neighbour lives.
   ac.min_block_size = 512;
   ac.small_size = 512;
   ac.small_segment_size = 512;
   ac.min_large_alloc = 1024;
   ac.large_segment_size = 1024;
   ac.large_round = 512;
+  ac.exact_reuse_under_budget = true;
   return ac;
 }
 

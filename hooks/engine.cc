@@ -43,7 +43,6 @@ absl::Status Engine::Init() {
   if (!a.ok()) return a.status();
   alloc_ = std::move(*a);
   alloc_->SetEvictionHandler(this);
-  release_on_free_ = !cfg_.unlimited();
   adapter_ = std::make_unique<CpuAllocatorAdapter>(alloc_.get());
   if (!cfg_.trace_file.empty()) {
     absl::StatusOr<std::string> path = ExpandFileNameNow("DTR_TRACE_FILE", cfg_.trace_file);
@@ -147,7 +146,6 @@ void Engine::SetBudget(int64_t bytes) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): cannot get under ",
                      FormatBytes(nb), ": ", std::string(st.message()), " (", Breakdown(), ")");
   cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
-  release_on_free_ = bytes > 0;
 }
 
 void Engine::SetPaused(bool paused) {
@@ -376,9 +374,6 @@ void Engine::FreeSlot(Slot* s) {
   if (s->cuda_device >= 0) return g_cuda_slot_ops.free(s);
   absl::Status st = alloc_->Free(s->mem);
   if (!st.ok()) std::fprintf(stderr, "dtr: free failed: %s\n", std::string(st.message()).c_str());
-  // Note [CPU allocator granularity]: under a budget, keep no cached free segments, so a later
-  // request never splits a larger cached segment (remnants fragment the budget).
-  if (release_on_free()) alloc_->EmptyCache();
 }
 
 bool Engine::OnSlotDeletedLocked(Slot* s) {

@@ -96,7 +96,6 @@ class Engine final : public ReplayBackend,
   absl::Status Init();
 
   const DtrEnvConfig& cfg() const { return cfg_; }
-  bool release_on_free() const { return release_on_free_.load(std::memory_order_relaxed); }
   c10::Allocator* adapter() { return adapter_.get(); }
   alloc::CachingAllocator* allocator() { return alloc_.get(); }
 
@@ -356,7 +355,6 @@ class Engine final : public ReplayBackend,
   };
   int next_trace_id_ = 0;
   std::ofstream trace_;
-  std::atomic<bool> release_on_free_{false};
   std::atomic<bool> paused_{false};
 };
 

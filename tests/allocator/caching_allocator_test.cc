@@ -385,6 +385,47 @@ TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("eviction disabled"));
 }
 
+// Note [Exact reuse under a budget]: under a budget a cached block is reused only at its own
+// size, and what the cache holds is released (not evicted for) when a request does not fit.
+TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
+  for (bool budgeted : {false, true}) {
+    FakeBackend backend;
+    AllocatorConfig config = budgeted ? BudgetConfig(64 * kKiB) : AllocatorConfig{};
+    config.exact_reuse_under_budget = true;
+    config.small_size = config.small_segment_size = 512;  // one segment per block, as on the CPU
+    config.min_large_alloc = config.large_segment_size = 1024;
+    config.large_round = 512;
+    auto allocator = MakeAllocator(config, &backend);
+    void* big = *allocator->Allocate(8 * kKiB);
+    DTR_ASSERT_OK(allocator->Free(big));
+    void* small = *allocator->Allocate(2 * kKiB);
+    EXPECT_EQ(small == big, !budgeted) << "a smaller request splits the cached block only without a budget";
+    EXPECT_EQ(allocator->GetStats().num_segment_allocs, budgeted ? 2 : 1);
+    if (budgeted) EXPECT_EQ(*allocator->Allocate(8 * kKiB), big);  // its own size: reused
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+  // When the cache holds what a request needs, rung 4 releases it and nothing is evicted.
+  FakeBackend backend;
+  AllocatorConfig config = BudgetConfig(16 * kKiB);
+  config.exact_reuse_under_budget = true;
+  config.small_size = config.small_segment_size = 512;
+  config.min_large_alloc = config.large_segment_size = 1024;
+  config.large_round = 512;
+  auto allocator = MakeAllocator(config, &backend);
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(12 * kKiB)));
+  int evictions = 0;
+  LambdaHandler handler([&](const EvictionRequest& request) {
+    if (!allocator->CanSatisfy(request)) ++evictions;  // what MakeRoom does before evicting
+    return EvictionResult{};
+  });
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> p = allocator->Allocate(8 * kKiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(evictions, 0);
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(8 * kKiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
 TEST(RetryLadderTest, Rung4ReleasesCachedSegmentsAfterEviction) {
   FakeBackend backend;
   AllocatorConfig config = BudgetConfig(21 * kMiB);

@@ -178,6 +178,10 @@ def main():
         out["dtr"] = json.loads(torch.ops.dtr.stats())
     with open(os.path.join(os.environ["DIST_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+    # Both ranks tear gloo down together: a rank destroying its process group while the other
+    # still has gloo work in flight aborted now and then ("terminate called without an active
+    # exception", SIGABRT after both ranks had written their results, plain runs included).
+    dist.barrier()
     dist.destroy_process_group()
 
 
