@@ -36,8 +36,9 @@ struct AllocatorConfig {
   // When the usual segment size would exceed the budget (or the backend refuses it), try the
   // smallest segment that holds the request. See Note [Budget-constrained segment size].
   bool shrink_segment_to_fit_budget = true;
-  // Under a budget, a cached free block serves only a request of its own rounded size: no block
-  // is split, so no remnant keeps a segment reserved. See Note [Exact reuse under a budget].
+  // Under a budget, a cached free segment serves only a request of its own rounded size, so no
+  // new remnant keeps a segment reserved (meant for one segment per block, as the CPU allocator
+  // configures it). See Note [Exact reuse under a budget].
   bool exact_reuse_under_budget = false;
 
   bool unlimited_budget() const { return budget_bytes == kUnlimited; }

@@ -83,6 +83,11 @@ namespace dtr::alloc {
 // for bytes the cache holds). Host memory used this way for dtr's CPU allocator
 // (hooks/cpu_allocator_adapter.cc) replaced releasing every block as it was freed, whose mmap and
 // page faults on the next allocation doubled the step time under a budget that never binds.
+// Two limits keep it honest: a free remnant inside a segment still in use may be split as usual
+// (splitting it ties up nothing new; remnants exist after an unbudgeted phase), and a miss while
+// the cache holds more bytes than are allocated releases the cached segments before growing, so
+// under a budget that never binds reserved bytes stay within about twice the allocated ones.
+// CanSatisfy and WouldSatisfyIfFreed apply the same rule as rung 1.
 //
 // Note [Retry ladder]
 // ~~~~~~~~~~~~~~~~~~~
@@ -273,6 +278,13 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
     attempt.ptr = HandOutLocked(block, rounded, requested);
     return attempt;
   }
+  // Note [Exact reuse under a budget]: a miss while the cache holds more than is in use empties
+  // it first, so sizes no longer asked for cannot pile up under a budget that never binds.
+  if (config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited &&
+      stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.current) {
+    ++stats_.num_cache_flushes;
+    ReleaseCachedSegmentsLocked();
+  }
   if (Block* block = GrowLocked(rounded, pool, stream, &attempt.backend_error)) {
     attempt.ptr = HandOutLocked(block, rounded, requested);
   }
@@ -288,10 +300,16 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, P
   key.ptr = 0;
   auto it = set.lower_bound(&key);
   if (it == set.end() || (*it)->stream != stream) return nullptr;
-  // Note [Exact reuse under a budget].
-  if (config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited && (*it)->size != rounded)
-    return nullptr;
+  const Block* b = *it;
+  if (ExactReuseRefusesLocked(b->size, b->prev == nullptr && b->next == nullptr, rounded)) return nullptr;
   return *it;  // best fit: the smallest block of this stream that is large enough
+}
+
+bool CachingAllocator::ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const {
+  // Note [Exact reuse under a budget]: a remnant inside a used segment may still be split (it ties
+  // up nothing more than it does already); a whole cached segment serves its own size only.
+  return config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited && whole_segment &&
+         block_size != rounded;
 }
 
 CachingAllocator::Block* CachingAllocator::GrowLocked(size_t rounded, Pool pool, Stream stream,
@@ -566,8 +584,11 @@ bool CachingAllocator::WouldSatisfyIfFreed(void* ptr, const EvictionRequest& req
   size_t coalesced = block->size;
   if (block->prev != nullptr && block->prev->is_free()) coalesced += block->prev->size;
   if (block->next != nullptr && block->next->is_free()) coalesced += block->next->size;
-  if (block->pool == pool && block->stream == request.stream && coalesced >= rounded) return true;
-  const size_t extra = coalesced == block->segment->size ? block->segment->size : 0;
+  const bool whole_segment = coalesced == block->segment->size;
+  if (block->pool == pool && block->stream == request.stream && coalesced >= rounded &&
+      !ExactReuseRefusesLocked(coalesced, whole_segment, rounded))
+    return true;
+  const size_t extra = whole_segment ? block->segment->size : 0;
   return CanSatisfyLocked(rounded, pool, request.stream, extra);
 }
 

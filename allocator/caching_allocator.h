@@ -152,6 +152,10 @@ class CachingAllocator {
   void ReleaseSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases all fully free segments; returns the bytes released.
   size_t ReleaseCachedSegmentsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Exact reuse under a budget]: whether rung 1 must not hand out a free block of
+  // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
+  bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanSatisfyLocked(size_t rounded, Pool pool, Stream stream, size_t extra_releasable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <iterator>
+#include <limits>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -24,6 +25,9 @@
 #include "runtime/bytes.h"
 
 namespace dtr::hooks {
+
+// Asks Runtime::RankedCandidates to rank the whole pool (Note [Ranked candidates]).
+constexpr size_t kWholePool = std::numeric_limits<size_t>::max();
 
 Engine* g_engine = nullptr;
 
@@ -695,11 +699,14 @@ alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_de
   if (!l.owns_lock() || paused() || CaptureUnderway()) return res;
   Busy b(this);
   SearchClock search_clock(this);
-  // The runtime ranks its lowest-scored storages; the allocator's fragmentation-aware strategy
-  // picks among them (a single victim whose freed block fits, else by score), re-ranking per batch.
+  // The runtime ranks its lowest-scored storages (a sample, Note [Ranked candidates]); the
+  // allocator's fragmentation-aware strategy picks among them (a single victim whose freed block
+  // fits, else by score), re-ranking per batch. A ranking with nothing on this device asks for
+  // the whole pool once before giving up.
   static const alloc::FragmentationAwareEvictionStrategy strategy;
+  size_t k = 32;
   while (!a.CanSatisfy(request)) {
-    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(32);
+    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(k);
     std::vector<alloc::EvictionCandidate> candidates;
     absl::flat_hash_map<void*, StorageId> storage_at;
     for (const Runtime::Candidate& c : ranked) {
@@ -709,7 +716,12 @@ alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_de
       candidates.push_back({e->slot->mem, c.score});
       storage_at[e->slot->mem] = c.id;
     }
-    if (candidates.empty()) break;
+    if (candidates.empty()) {
+      if (k == kWholePool) break;
+      k = kWholePool;
+      continue;
+    }
+    k = 32;
     alloc::EvictionResult round = strategy.Evict(a, request, std::move(candidates),
                                                  [&](const alloc::EvictionCandidate& c) {
                                                    return rt_->Evict(storage_at.at(c.ptr)).ok();
@@ -794,9 +806,10 @@ size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()
     }
     freed += round;
     if (round == 0) {
-      // The best-ranked were all on other devices: look further down the ranking.
-      if (any_here || ranked.size() < k) break;
-      k *= 8;
+      // The ranked (a sample, Note [Ranked candidates]) were all on other devices: rank the
+      // whole pool once before giving up.
+      if (any_here || k == kWholePool) break;
+      k = kWholePool;
     }
   }
   return freed;

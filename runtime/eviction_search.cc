@@ -115,28 +115,33 @@ double Runtime::ScoreOf(StorageId id) { return ScoreUnchecked(id); }
 // under a tight budget much of a search's time goes into walking the large evicted regions of
 // candidates that cannot win. A score never falls as its neighborhood cost grows (PartialScore::Final), so a
 // candidate is out once its score with the cost walked so far exceeds the score it must beat,
-// and its walk stops there. What it must beat is the keep-th best distinct score found so far:
-// the best alone in an exhaustive search, the best and the kCarriedCandidates runners-up in a
-// sampled one (they are carried into the next search, Note [Victim search]). Candidates are
+// and its walk stops there. What it must beat is the keep-th best score of distinct candidates
+// found so far: the best alone in an exhaustive victim search, the best and the
+// kCarriedCandidates runners-up in a sampled one (they are carried into the next search, Note
+// [Victim search]), the max_count best in a ranking (Note [Ranked candidates]; above 64 kept,
+// every candidate is scored in full). Candidates are
 // walked in the order of their scores with no neighborhood (a lower bound), so good bounds
 // come early; small storages compete only among themselves, so they have their own bound.
 // The comparison is strict and a walk sums its costs in the same order whether or not it is
 // cut, so the victim and the carried runners-up are exactly those of scoring every candidate
 // in full (Simulator.CuttingLosingWalksKeepsEveryDecision compares both on generated traces,
 // RuntimeTest.CuttingLosingWalksKeepsTheRankedList the ranked lists). Heuristics without a
-// walk score every candidate as before, in candidate order (kRandom draws in that order).
+// walk score every candidate in full, in candidate order (kRandom draws in that order, which
+// since the sample is drawn before the carried candidates are scored differs from before).
 // Measured in dtr-sim (dtr, sampled, --seed 1): on a generated TreeLSTM of 68k events at 0.3 of
 // its peak the walks visited 11.1M storages instead of 29.2M (0.32 s against 0.46 s of
 // simulation); on the traced TreeLSTM and DenseNet (bench/activation_budgets.py) at 0.5 of their
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
 static constexpr double kUnscored = -1;  // scores are never negative
+static constexpr size_t kMaxKeptForCutting = 64;
 
 void Runtime::ScoreCandidates(size_t keep, double small) {
   const size_t count = candidates_.size();
   candidate_scores_.assign(count, kUnscored);
   auto skipped = [&](const StorageRecord& r) { return r.locks > 0 || AwaitsReader(r); };
   const bool walks = neighborhood_ == NeighborhoodKind::kExact || neighborhood_ == NeighborhoodKind::kAncestors;
-  if (!walks || !config_.cut_losing_walks) {
+  // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves.
+  if (!walks || !config_.cut_losing_walks || keep > kMaxKeptForCutting) {
     for (size_t i = 0; i < count; ++i)
       if (!skipped(rec(candidates_[i]))) candidate_scores_[i] = ScoreUnchecked(candidates_[i]);
     return;
@@ -179,12 +184,17 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   }
 }
 
-bool Runtime::DrawCandidates() {
-  const size_t n = pool_.size();
+size_t Runtime::SampleSize(size_t n) const {
   size_t samples = std::max<size_t>(config_.min_samples,
                                     size_t(std::ceil(config_.sample_factor * std::sqrt(double(n)))));
   if (config_.max_samples > 0)
     samples = std::min<size_t>(samples, std::max(config_.max_samples, config_.min_samples));
+  return samples;
+}
+
+bool Runtime::DrawCandidates() {
+  const size_t n = pool_.size();
+  const size_t samples = SampleSize(n);
   candidates_.clear();
   if (config_.search != SearchMode::kSampled || samples >= n) {
     candidates_.assign(pool_.begin(), pool_.end());
@@ -329,16 +339,25 @@ absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
 // The allocators evict from a ranked list (hooks/engine.cc, MakeRoomOn) rather than one victim at
 // a time, so they can prefer a victim whose block fits. The list is drawn like a victim search
 // (Note [Victim search]): in sampled mode the carried runners-up and a sample are scored, the
-// best max_count of them returned and the best kCarriedCandidates carried on; only a sample with
-// nothing but locked storages and results awaiting their reader falls back to the whole pool.
+// best max_count of them returned and the best kCarriedCandidates carried on. The whole pool is
+// ranked when max_count is more than a sample can hold (a caller looking further down) or when
+// the sample holds nothing but locked storages and results awaiting their reader.
 // Ranking the whole pool every time, as this did before, cost the real runs more per decision
 // than their simulated searches: on a CPU TreeLSTM at 0.6 of its peak, 27 us a decision with
-// dtr-eq and 100 us with dtr, 12-19 ms of a 45-55 ms step. Ties rank by id, so the list is a
-// function of the scores alone.
+// dtr-eq and 100 us with dtr, 12-19 ms of a 45-55 ms step. Ties rank by id. Results awaiting
+// their reader are offered only by a ranking of the whole pool, after every other candidate.
+// A storage drawn twice is listed once (kRandom, which scores each draw anew, may list it twice;
+// the second eviction then fails and the caller moves on).
 std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
   std::vector<Candidate> all;
   if (pool_.empty() || max_count == 0) return all;
   bool sampled = DrawCandidates();
+  if (sampled && max_count > SampleSize(pool_.size()) + kCarriedCandidates) {
+    // A caller asking for more than a sample holds is looking further down the ranking
+    // (Engine::EvictOnDevice, when the best were all on other devices): rank the whole pool.
+    sampled = false;
+    candidates_.assign(pool_.begin(), pool_.end());
+  }
   auto rank = [&] {
     ScoreCandidates(sampled ? std::max(max_count, kCarriedCandidates + 1) : max_count, /*small=*/0);
     all.clear();
@@ -346,8 +365,10 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
     for (size_t i = 0; i < candidates_.size(); ++i) {
       const StorageRecord& r = rec(candidates_[i]);
       if (r.locks > 0) continue;
-      // Note [Results awaiting their reader]: ranked after every other candidate.
+      // Note [Results awaiting their reader]: ranked after every other candidate, so only a
+      // ranking of the whole pool offers them (a sample's finite few would not come first).
       double score = std::numeric_limits<double>::infinity();
+      if (AwaitsReader(r) && sampled) continue;
       if (!AwaitsReader(r)) {
         score = candidate_scores_[i];
         if (score == kUnscored) continue;  // Note [Bounded victim search]: not among the best

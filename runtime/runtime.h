@@ -217,6 +217,7 @@ class Runtime {
   // Fills candidates_ for one search: the whole pool, or in sampled mode (when the sample is
   // smaller than the pool) the carried runners-up and a fresh sample; returns whether sampled.
   bool DrawCandidates();
+  size_t SampleSize(size_t pool_size) const;  // how many a sampled search draws
   bool ChooseVictim(StorageId* victim);
   void EvictUnchecked(StorageId id, bool eager);
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;

@@ -752,6 +752,10 @@ TEST_F(RuntimeTest, RankedCandidatesInSampledModeScoreASampleAndCarryTheBest) {
     best = ranked[0].score;
   }
   EXPECT_LT(best, 1.0 / 150);  // carrying climbed well above what one sample of 4 finds
+  // Asking for more than a sample holds ranks the whole pool.
+  auto all = rt_->RankedCandidates(1000);
+  ASSERT_EQ(all.size(), 200u);
+  EXPECT_DOUBLE_EQ(all[0].score, 1.0 / 200);
   Check();
 }
 
@@ -772,6 +776,10 @@ TEST_F(RuntimeTest, RankedCandidatesSearchThePoolWhenTheSampleHasNothingToRank) 
     EXPECT_EQ(ranked[0].id, read) << "call " << call;
     EXPECT_TRUE(std::isfinite(ranked[0].score));
   }
+  // Half the pool awaits its reader: a sampled ranking offers none of those while others exist.
+  for (int i = 0; i < 60; ++i) (void)Op1("read_later", {Op1("act", {x}, 10)}, 0);
+  for (int call = 0; call < 10; ++call)
+    for (const auto& c : rt_->RankedCandidates(32)) EXPECT_TRUE(std::isfinite(c.score)) << "call " << call;
 }
 
 // Note [Bounded victim search]: cutting losing walks leaves the ranked list as it was.
