@@ -85,8 +85,9 @@ namespace dtr::alloc {
 // page faults on the next allocation doubled the step time under a budget that never binds.
 // Two limits keep it honest: a free remnant inside a segment still in use may be split as usual
 // (splitting it ties up nothing new; remnants exist after an unbudgeted phase), and a miss while
-// the cache holds more bytes than are allocated releases the cached segments before growing, so
-// under a budget that never binds reserved bytes stay within about twice the allocated ones.
+// the cache holds more bytes than the peak allocated releases the cached segments before growing,
+// so under a budget that never binds reserved bytes stay within about twice that peak. (Bounding
+// the cache by the bytes allocated now flushed it after every backward pass: +17% a step.)
 // CanSatisfy and WouldSatisfyIfFreed apply the same rule as rung 1.
 //
 // Note [Retry ladder]
@@ -278,10 +279,10 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
     attempt.ptr = HandOutLocked(block, rounded, requested);
     return attempt;
   }
-  // Note [Exact reuse under a budget]: a miss while the cache holds more than is in use empties
-  // it first, so sizes no longer asked for cannot pile up under a budget that never binds.
+  // Note [Exact reuse under a budget]: a miss while the cache holds more than the peak in use
+  // empties it first, so sizes no longer asked for cannot pile up under a budget that never binds.
   if (config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited &&
-      stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.current) {
+      stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.peak) {
     ++stats_.num_cache_flushes;
     ReleaseCachedSegmentsLocked();
   }
