@@ -281,7 +281,7 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
   }
   // Note [Exact reuse under a budget]: a miss while the cache holds more than the peak in use
   // empties it first, so sizes no longer asked for cannot pile up under a budget that never binds.
-  if (config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited &&
+  if (ExactReuseActiveLocked() &&
       stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.peak) {
     ++stats_.num_cache_flushes;
     ReleaseCachedSegmentsLocked();
@@ -309,8 +309,7 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, P
 bool CachingAllocator::ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const {
   // Note [Exact reuse under a budget]: a remnant inside a used segment may still be split (it ties
   // up nothing more than it does already); a whole cached segment serves its own size only.
-  return config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited && whole_segment &&
-         block_size != rounded;
+  return ExactReuseActiveLocked() && whole_segment && block_size != rounded;
 }
 
 CachingAllocator::Block* CachingAllocator::GrowLocked(size_t rounded, Pool pool, Stream stream,

@@ -156,6 +156,9 @@ class CachingAllocator {
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
   bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ExactReuseActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited;
+  }
   size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanSatisfyLocked(size_t rounded, Pool pool, Stream stream, size_t extra_releasable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
