@@ -1,7 +1,7 @@
 // Benchmarks for the runtime's hot paths: recording an op with no memory pressure, and recording
 // an op that forces one eviction decision, at 10^3 to 10^6 resident storages (exact search to
 // 10^5), for each victim search mode. The difference between the two is the cost of the
-// eviction decision (bench/results/runtime.md).
+// eviction decision (bench/results/runtime.md). The default heuristic unless a name says otherwise.
 #include <memory>
 #include <vector>
 
@@ -31,7 +31,7 @@ struct Fixture {
     runtime = *Runtime::Create(config, &backend);
     last = *runtime->AddConstant(size);
     for (int64_t i = 0; i < resident; ++i) created.push_back(Step());
-    // Evict every 8th storage so dtr-eq sees evicted components around candidates.
+    // Evict every 8th storage so candidates have evicted neighborhoods to score.
     for (size_t i = 0; i < created.size(); i += 8) (void)runtime->Evict(created[i]);
     if (pressure) (void)runtime->SetBudget(runtime->memory());
   }
@@ -44,8 +44,11 @@ struct Fixture {
   }
 };
 
-void RecordOp(benchmark::State& state, SearchMode search, bool pressure) {
-  Fixture f(state.range(0), search, HeuristicKind::kDtrEq, pressure);
+// The default heuristic (Note [Default heuristic], runtime/heuristic.cc) unless told otherwise.
+const HeuristicKind kDefault = RuntimeConfig().heuristic;
+
+void RecordOp(benchmark::State& state, SearchMode search, bool pressure, HeuristicKind heuristic = kDefault) {
+  Fixture f(state.range(0), search, heuristic, pressure);
   uint64_t evictions_before = f.runtime->stats().evictions;
   uint64_t scored_before = f.runtime->stats().candidates_scored;
   for (auto _ : state) f.Step();
@@ -58,11 +61,14 @@ void RecordOp(benchmark::State& state, SearchMode search, bool pressure) {
 void BM_RecordOpNoPressure(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, false); }
 void BM_RecordOpWithEvictionSampled(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, true); }
 void BM_RecordOpWithEvictionExact(benchmark::State& state) { RecordOp(state, SearchMode::kExact, true); }
+void BM_RecordOpWithEvictionSampledDtrEq(benchmark::State& state) {
+  RecordOp(state, SearchMode::kSampled, true, HeuristicKind::kDtrEq);
+}
 
 // What the allocators ask for when they need room (Note [Ranked candidates]): the best 32
 // candidates, ranked. No eviction follows, so each iteration is one ranking.
 void RankCandidates(benchmark::State& state, SearchMode search) {
-  Fixture f(state.range(0), search, HeuristicKind::kDtrEq, false);
+  Fixture f(state.range(0), search, kDefault, false);
   uint64_t scored_before = f.runtime->stats().candidates_scored;
   for (auto _ : state) benchmark::DoNotOptimize(f.runtime->RankedCandidates(32));
   state.counters["scored_per_ranking"] =
@@ -76,6 +82,7 @@ BENCHMARK(BM_RankCandidatesExact)->Arg(1000)->Arg(10000)->Arg(100000);
 BENCHMARK(BM_RecordOpNoPressure)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RecordOpWithEvictionSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RecordOpWithEvictionExact)->Arg(1000)->Arg(10000)->Arg(100000);
+BENCHMARK(BM_RecordOpWithEvictionSampledDtrEq)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 
 }  // namespace
 }  // namespace dtr

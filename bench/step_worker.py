@@ -117,8 +117,15 @@ def train_step(bm, variant, model, opt, batch):
     return loss.item()
 
 
+# Where the running block is: an out-of-memory error reports how long it took to come (issue 16:
+# below the floor, a clear error, fast).
+_progress = {}
+
+
 def run_block(bm, block, batches, args, watchdog):
     variant = block["variant"]
+    _progress.clear()
+    _progress.update(step=None, t0=time.perf_counter(), c0=time.process_time())
     if variant == "checkpoint" and not bm.has_checkpoint:
         raise ValueError(f"{bm.name} has no checkpointed variant")
     if DTR and block.get("budget") is not None:
@@ -138,6 +145,7 @@ def run_block(bm, block, batches, args, watchdog):
         sync(args.device)
         watchdog.start(block, i)
         t0, c0 = time.perf_counter(), time.process_time()
+        _progress.update(step=i, t0=t0, c0=c0)
         losses.append(train_step(bm, variant, model, opt, batches[i]))
         sync(args.device)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -183,7 +191,7 @@ def cmd_blocks(args):
     blocks = json.loads(args.blocks)
     batches = bm.batches(args.warmup + args.steps, args.device)
     emit({"event": "start", "model": bm.name, "dtr": DTR, "device": args.device, "torch": torch.__version__,
-          "threads": torch.get_num_threads(), "heuristic": os.environ.get("DTR_HEURISTIC", "dtr-eq") if DTR else None})
+          "threads": torch.get_num_threads(), "heuristic": os.environ.get("DTR_HEURISTIC", "dtr") if DTR else None})
     watchdog = Watchdog(args.max_step_seconds)
     for block in blocks:
         try:
@@ -194,7 +202,10 @@ def cmd_blocks(args):
         except RuntimeError as e:
             if not is_oom(e):
                 raise
-            emit(dict(block, status="oom", message=str(e).strip().splitlines()[0][:600]))
+            # The failing step's time until the error (the model's build, when step is None).
+            emit(dict(block, status="oom", message=str(e).strip().splitlines()[0][:600], oom_step=_progress.get("step"),
+                      seconds_to_oom=time.perf_counter() - _progress["t0"],
+                      cpu_seconds_to_oom=time.process_time() - _progress["c0"]))
             return
 
 
@@ -209,6 +220,17 @@ def storages(x):
         for y in x:
             out.update(storages(y))
     return out
+
+
+def tensors_in(x):
+    """The tensors in a nested tuple/list/dict."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (tuple, list)):
+        return [t for y in x for t in tensors_in(y)]
+    return []
 
 
 def optimizer_state_tensors(opt):
@@ -229,10 +251,10 @@ def cmd_trace(args):
     torch.full((args.mark_bytes,), 1, dtype=torch.uint8, device=args.device)
     losses = [train_step(bm, "model", model, opt, b) for b in batches]
     static = {}
-    for t in list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None] + \
-            optimizer_state_tensors(opt):
+    static_tensors = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None] + \
+        optimizer_state_tensors(opt) + tensors_in(batches)
+    for t in static_tensors:
         static.update(storages(t))
-    static.update(storages([b for b in batches]))
     chain_inputs = []
     for b in batches:
         chain = bm.stages(model, b)
@@ -242,8 +264,13 @@ def cmd_trace(args):
         s0 = storages(chain[0])
         chain_inputs.append({"input_bytes": sum(s0.values()),
                              "input_bytes_in_static": sum(v for k, v in s0.items() if k in static)})
-    emit({"event": "trace", "model": bm.name, "steps": args.steps, "losses": losses,
-          "static_bytes": sum(static.values()), "chain_inputs": chain_inputs})
+    event = {"event": "trace", "model": bm.name, "steps": args.steps, "losses": losses,
+             "static_bytes": sum(static.values()), "chain_inputs": chain_inputs}
+    if DTR and hasattr(torch.ops.dtr, "unevictable_at_peak"):  # a libdtr from before it: leave it out
+        # Note [Unevictable memory by reason] (hooks/memory_report.cc): what dtr could not evict at
+        # the largest tracked memory, beyond the static storages.
+        event["unevictable_at_peak"] = json.loads(torch.ops.dtr.unevictable_at_peak(static_tensors))
+    emit(event)
 
 
 def as_tuple(x):

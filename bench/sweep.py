@@ -5,7 +5,7 @@ every heuristic; compares the simulated overhead with planners that know the who
 advance (dtr-chain: Rotor's dynamic program, Chen et al.'s sqrt(N)); and writes
 <out>/<device>.md, <out>/<device>.json and <out>/<device>_<model>.png.
 
-  .venv/bin/python bench/sweep.py [--device cpu|cuda] [--models a,b] [--heuristics dtr-eq,dtr,lru]
+  .venv/bin/python bench/sweep.py [--device cpu|cuda] [--models a,b] [--heuristics dtr,dtr-eq,lru]
                                   [--quick] [--out bench/results] [--build build]
 
 Each (model, configuration) runs in its own subprocess (bench/step_worker.py); one process
@@ -111,6 +111,22 @@ def plain_runs(runner, bm):
 def step_time(block, a):
     """The block's median step time by the chosen clock (--timer)."""
     return block["median_step_cpu_seconds"] if a.timer == "cpu" else block["median_step_seconds"]
+
+
+def oom_delay(failure, res, a):
+    """How long an out-of-memory failure took to come, in plain steps: the failing step's time until
+    the error (or the model's build, when it failed there) over the plain step time; None if not
+    out of memory or not measured."""
+    key = "cpu_seconds_to_oom" if a.timer == "cpu" else "seconds_to_oom"
+    if not failure or failure.get("status") != "oom" or key not in failure or not res.get("plain_step_seconds"):
+        return None
+    return failure[key] / res["plain_step_seconds"]
+
+
+def failure_cell(failure, res, a):
+    d = oom_delay(failure, res, a)
+    cell = {"oom": "oom", "too-slow": "too slow"}.get(failure["status"], failure["status"])
+    return cell if d is None else f"{cell} after {d:.2f} steps"
 
 
 def identical(block, ref):
@@ -523,7 +539,7 @@ def model_section(res, a, dev):
                 cells.append(x(p["time_ratio"]) + ("" if p["identical"] else " **≠**"))
             else:
                 f = [f for f in res["failures"].get(h, []) if abs(f.get("ratio", -1) - r) < 1e-9]
-                cells.append({"oom": "oom", "too-slow": "too slow"}.get(f[0]["status"], f[0]["status"]) if f else "—")
+                cells.append(failure_cell(f[0], res, a) if f else "—")
         L.append(f"| {r:g} | {mib(round(r * res['base_bytes']))} | " + " | ".join(cells) + " |")
     if res.get("checkpoint_time_ratio") is not None and res.get("checkpoint_memory_ratio") is not None:
         L.append(f"| checkpoint: {res['checkpoint_memory_ratio']:.2f} | "
@@ -531,7 +547,7 @@ def model_section(res, a, dev):
                  + " | ".join(x(res["checkpoint_time_ratio"]) + " (torch.utils.checkpoint)" if i == 0 else "—"
                               for i in range(len(hs))) + " |")
     L.append("")
-    L.append(caption_sweep(res, hs) + "\n")
+    L.append(caption_sweep(res, hs, a) + "\n")
     # Detailed table.
     L.append("<details><summary>all measurements</summary>\n")
     L.append(f"| ratio | heuristic | budget | peak reserved | peak allocated | step ({a.timer}) | time ratio | wall "
@@ -563,7 +579,7 @@ def model_section(res, a, dev):
     return "\n".join(L)
 
 
-def caption_sweep(res, hs):
+def caption_sweep(res, hs, a):
     parts = []
     for h in hs:
         pts = res["sweeps"][h]
@@ -574,7 +590,9 @@ def caption_sweep(res, hs):
             s += f" ({x(half['time_ratio'])} at 0.5)"
         below = [f for f in res["failures"].get(h, []) if f.get("ratio", 1) < low["ratio"]]
         if below:
-            s += f", {failure_text(max(below, key=lambda f: f['ratio']))}"
+            first = max(below, key=lambda f: f["ratio"])
+            d = oom_delay(first, res, a)
+            s += f", {failure_text(first)}" + ("" if d is None else f" after {d:.2f} plain steps")
         parts.append(s)
     n = sum(len(res["sweeps"][h]) for h in hs)
     bad = sum(1 for h in hs for p in res["sweeps"][h] if not p["identical"])
@@ -673,7 +691,7 @@ def chain_section(results, a):
          "recomputation), so both need no recomputation at ratio 1. The plans work at stage granularity, dtr at "
          "operator granularity, so dtr can beat the \"optimal\" plan; the two sides' costs come from different "
          "measurements (the trace's op times under dtr, the plain profile's stage times) and are compared as "
-         "relative overheads only. Overheads in %; \"÷ best\": dtr-eq's overhead divided by the best "
+         f"relative overheads only. Overheads in %; \"÷ best\": {DEFAULT_HEURISTIC}'s overhead divided by the best "
          "calibrated baseline's (— when both are zero). Rows where nothing fits are left out.\n"]
     any_rows = False
     for res in results:
@@ -691,10 +709,11 @@ def chain_section(results, a):
                  f"its peak: {mib(act)}; the chain model's peak without recomputation: "
                  + ", ".join(f"{mib(pk)} ({pk / act - 1:+.0%})" for pk in ch["chain_peak_bytes"])
                  + " (per traced step).\n")
-        hs = [h for h in ("dtr-eq", "dtr", "lru") if h in res["sim"]["runs"]]
+        hs = [h for h in (DEFAULT_HEURISTIC, "dtr-eq", "dtr", "lru") if h in res["sim"]["runs"]]
+        hs = list(dict.fromkeys(hs))
         ps = [p for p in PLANNER_ORDER if p in ch["planners"]] + [p for p in ch["planners"] if p not in PLANNER_ORDER]
         L.append("| ratio | sim budget | bytes removed | " + " | ".join(hs) + " | " + " | ".join(ps) +
-                 " | dtr-eq ÷ best | rotor, raw alignment |")
+                 f" | {DEFAULT_HEURISTIC} ÷ best | rotor, raw alignment |")
         L.append("|---|---|---|" + "---|" * (len(hs) + len(ps) + 2))
         cap, dtr_only, base_only = [], [], []
         for i, row in enumerate(ch["rows"]):
@@ -706,7 +725,7 @@ def chain_section(results, a):
             pcells = [pct(row["planners"][p]["overhead"]) if row["planners"][p]["status"] == "ok" else "infeasible"
                       for p in ps]
             best = min(feas) if feas else None
-            eq = sims.get("dtr-eq")
+            eq = sims.get(DEFAULT_HEURISTIC)
             dtr_ov = eq["overhead"] if eq and eq["status"] == "ok" else None
             if dtr_ov is not None and best is not None and best > 1e-12:
                 cap.append((row["ratio"], dtr_ov / best))
@@ -722,13 +741,13 @@ def chain_section(results, a):
         text = []
         if cap:
             lo, hi = min(cap, key=lambda c: c[1]), max(cap, key=lambda c: c[1])
-            text.append(f"Where both fit, dtr-eq's simulated overhead is {lo[1]:.2f}× (at ratio {lo[0]:g}) to "
+            text.append(f"Where both fit, {DEFAULT_HEURISTIC}'s simulated overhead is {lo[1]:.2f}× (at ratio {lo[0]:g}) to "
                         f"{hi[1]:.2f}× (at {hi[0]:g}) the best planner's")
         if dtr_only:
-            text.append(f"dtr-eq fits where no planner does at ratio {', '.join(f'{r:g}' for r in dtr_only)}")
+            text.append(f"{DEFAULT_HEURISTIC} fits where no planner does at ratio {', '.join(f'{r:g}' for r in dtr_only)}")
         if base_only:
-            text.append(f"a planner fits where dtr-eq does not at ratio {', '.join(f'{r:g}' for r in base_only)}")
-        L.append(("; ".join(text) + ".\n") if text else "No budget where dtr-eq and a planner both have overhead.\n")
+            text.append(f"a planner fits where {DEFAULT_HEURISTIC} does not at ratio {', '.join(f'{r:g}' for r in base_only)}")
+        L.append(("; ".join(text) + ".\n") if text else f"No budget where {DEFAULT_HEURISTIC} and a planner both have overhead.\n")
     others = [r["name"] for r in results if r.get("sim") and not r.get("chain")]
     if others:
         L.append(f"No planner applies to {', '.join(others)}: not a chain of stages (skip connections across "
@@ -901,7 +920,7 @@ def plot(path, res, a):
         for h, rows in sim["runs"].items():
             ok = sorted((d["ratio"], 1 + d["overhead"]) for d in rows if d["status"] == "ok" and d["overhead"] is not None)
             if ok:
-                main = h == "dtr-eq"
+                main = h == DEFAULT_HEURISTIC
                 ax.plot(*zip(*ok), marker=".", label=h, lw=2.4 if main else 1.2, zorder=3 if main else 2)
         ch = res.get("chain")
         if ch and ch.get("rows"):
@@ -922,12 +941,15 @@ def plot(path, res, a):
 
 
 # ------------------------------------------------------------------------------------ main
+DEFAULT_HEURISTIC = "dtr"  # dtr's own default (runtime/heuristic.cc, Note [Default heuristic])
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="dtr budget sweep: real runs, torch.utils.checkpoint, dtr-sim, "
                                              "optimal chain baselines; writes <out>/<device>.md/.json/_<model>.png")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--models", default=None, help=f"comma-separated, of {', '.join(ALL_MODELS)} (default: all)")
-    ap.add_argument("--heuristics", default="dtr-eq,dtr,lru", help="heuristics of the real runs (default: %(default)s)")
+    ap.add_argument("--heuristics", default=f"{DEFAULT_HEURISTIC},dtr-eq,lru", help="heuristics of the real runs (default: %(default)s)")
     ap.add_argument("--sim-heuristics", default=None, help="heuristics replayed in dtr-sim (default: all it lists)")
     ap.add_argument("--ratios", default=None, help="budget ratios of the real runs, downward (default 1.0 .. 0.1)")
     ap.add_argument("--sim-ratios", default=None, help="budget ratios in dtr-sim (default 1.0 .. 0.1, 0.05)")
@@ -945,7 +967,7 @@ def parse_args(argv):
                     help="memory slots of Rotor's DP in dtr-chain (default %(default)s; 0 = exact bytes)")
     ap.add_argument("--profile-repeats", type=int, default=None, help="timed runs per chain stage (default 5)")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: chain and transformer, ratios 1.0/0.7/0.5, dtr-eq, short sims (under a minute)")
+                    help="smoke run: chain and transformer, ratios 1.0/0.7/0.5, dtr, short sims (under a minute)")
     ap.add_argument("--no-sim", action="store_true", help="skip dtr-sim and the chain baselines")
     ap.add_argument("--no-refine", action="store_true", help="no finer ratios below the last that worked")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results"), help="where the report goes "
@@ -977,8 +999,8 @@ def parse_args(argv):
     for m in a.models:
         if m not in bench_models.MODELS:
             ap.error(f"--models: unknown model {m!r}; known: {', '.join(ALL_MODELS)}")
-    if a.quick and a.heuristics == "dtr-eq,dtr,lru":
-        a.heuristics = "dtr-eq"
+    if a.quick and a.heuristics == f"{DEFAULT_HEURISTIC},dtr-eq,lru":
+        a.heuristics = DEFAULT_HEURISTIC
     a.heuristics = [h for h in a.heuristics.split(",") if h]
     a.ratios = floats(a.ratios, "--ratios") if a.ratios else (QUICK_RATIOS if a.quick else DEFAULT_RATIOS)
     a.sim_ratios = floats(a.sim_ratios, "--sim-ratios") if a.sim_ratios else (QUICK_SIM_RATIOS if a.quick else SIM_RATIOS)
@@ -1003,12 +1025,13 @@ def parse_args(argv):
     if a.sim_heuristics:
         a.sim_heuristics = a.sim_heuristics.split(",")
     else:
-        a.sim_heuristics = (["dtr-eq", "lru"] if a.quick else known) or ["dtr-eq"]
+        a.sim_heuristics = ([DEFAULT_HEURISTIC, "lru"] if a.quick else known) or [DEFAULT_HEURISTIC]
     for h in a.heuristics + a.sim_heuristics:
         if known and h not in known:
             ap.error(f"unknown heuristic {h!r}; dtr-sim knows {', '.join(known)}")
-    if "dtr-eq" not in a.sim_heuristics:
-        a.sim_heuristics.insert(0, "dtr-eq")
+    if DEFAULT_HEURISTIC in a.sim_heuristics:
+        a.sim_heuristics.remove(DEFAULT_HEURISTIC)
+    a.sim_heuristics.insert(0, DEFAULT_HEURISTIC)  # sim_heuristics[0] gives the simulated peak and refined ratios
     a.work = os.path.abspath(a.work or os.path.join(a.build, "bench-work"))
     return a
 

@@ -224,6 +224,10 @@ __attribute__((visibility("default"))) const char* dtr_config_string(void) {
   return msg.c_str();
 }
 
+// For the Python package: 1 once dtr was activated in this process, paused or not (what
+// dtr_stats_json() != "{}" tells, without building the statistics: dtr.pin() asks on every call).
+__attribute__((visibility("default"))) int dtr_has_engine(void) { return dtr::hooks::g_engine != nullptr ? 1 : 0; }
+
 __attribute__((visibility("default"))) const char* dtr_stats_json(void) {
   static thread_local std::string json;
   json = dtr::hooks::g_engine ? dtr::hooks::g_engine->StatsJson() : std::string("{}");

@@ -28,6 +28,9 @@ void OpPin(const at::Tensor& t) {
 void OpUnpin(const at::Tensor& t) {
   if (g_engine) g_engine->PinTensor(t, false);
 }
+std::string OpUnevictableAtPeak(at::TensorList exclude) {
+  return g_engine ? g_engine->UnevictableAtPeakJson(exclude) : std::string("{}");
+}
 void OpExpose(const at::Tensor& t, bool writable) {
   if (g_engine) g_engine->ExposeTensor(t, writable);
 }
@@ -46,6 +49,7 @@ void RegisterDtrOps() {
   g_def_lib->def("budget() -> int", &OpBudget);
   g_def_lib->def("unpin(Tensor self) -> ()", &OpUnpin);
   g_def_lib->def("expose(Tensor self, bool writable) -> ()", &OpExpose);
+  g_def_lib->def("unevictable_at_peak(Tensor[] exclude) -> str", &OpUnevictableAtPeak);
 }
 
 }  // namespace dtr::hooks

@@ -58,52 +58,6 @@ absl::Status Engine::Init() {
   return absl::OkStatus();
 }
 
-Engine::MemoryByReason Engine::ByReason() {
-  MemoryByReason m;
-  for (auto& [k, e] : entries_) {
-    const StorageRecord* r = rt_->storage(e->sid);
-    if (r == nullptr) continue;
-    if (!r->resident()) {
-      m.evicted += r->size;
-      continue;
-    }
-    if (e->external) m.external += r->size;  // not dtr's memory: outside the budget
-    else if (!e->ours) continue;
-    else if (e->exposed || e->kept_resident) m.exposed += r->size;
-    else if (r->pins > 0) m.pinned += r->size;
-    else if (r->locks > 0) m.locked += r->size;
-    else if (!r->rematerializable()) m.constant += r->size, ++m.constants;
-    else m.evictable += r->size;
-  }
-  const uint64_t alloc = uint64_t(Counters().allocated);
-  const uint64_t tracked = m.exposed + m.pinned + m.locked + m.constant + m.evictable;
-  m.untracked = alloc > tracked ? alloc - tracked : 0;
-  return m;
-}
-
-std::string Engine::BreakdownFor(uint64_t request) {
-  std::unique_lock<std::recursive_timed_mutex> l(mu_, std::try_to_lock);
-  if (!l.owns_lock()) return "breakdown unavailable";
-  const MemoryByReason m = ByReason();
-  std::string out = absl::StrCat(
-      "allocated ", FormatBytes(uint64_t(Counters().allocated)), ": constants ", FormatBytes(m.constant), " in ",
-      m.constants, " storages (parameters, gradients, optimizer state, inputs, outputs of unreplayable ops), "
-      "exposed ", FormatBytes(m.exposed), " (memory handed to numpy, DLPack, data_ptr or serialization), pinned ",
-      FormatBytes(m.pinned), ", locked by the running op ", FormatBytes(m.locked), ", evictable ",
-      FormatBytes(m.evictable), ", untracked ", FormatBytes(m.untracked),
-      " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(m.evicted));
-  if (request > 0) {
-    // What must stay resident now plus this request; the largest op seen so far bounds what a
-    // later op may need at once.
-    const uint64_t floor = m.constant + m.exposed + m.pinned + m.locked + m.untracked + request;
-    absl::StrAppend(&out, ". The smallest budget that could work from here is about ",
-                    FormatBytes(std::max<uint64_t>(floor, rt_->stats().largest_op_bytes)),
-                    " (what cannot be evicted plus this request; the largest single op so far read and wrote ",
-                    FormatBytes(rt_->stats().largest_op_bytes), ")");
-  }
-  return out;
-}
-
 void Engine::PinTensor(const at::Tensor& t, bool pin) {
   if (!t.defined() || !Manageable(t)) return;
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
@@ -111,6 +65,9 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
   Entry* e = EntryOf(t, pin);
   if (e == nullptr) return;
   Check(pin ? rt_->Pin(e->sid) : rt_->Unpin(e->sid), pin ? "pin" : "unpin");
+  // Note [Unevictable memory by reason]: the last pin gone, the reason goes too.
+  if (pin) e->pin_origin = Intern("pinned: torch.ops.dtr.pin (dtr.pin)");
+  else if (const StorageRecord* r = rt_->storage(e->sid); r != nullptr && r->pins == 0) e->pin_origin = 0;
 }
 
 void Engine::SetBudget(int64_t bytes) {
@@ -309,6 +266,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     Entry* e = NewEntry(*sid, impl, nbytes);
     e->ours = true;
     e->slot = s;
+    e->origin = s->origin;  // Note [Unevictable memory by reason]
     s->entry = e;
     if (tracing()) TraceLine(absl::StrCat("const ", TName(e), " ", nbytes));
     return e;
@@ -824,6 +782,11 @@ size_t Engine::UnevictableBytes(c10::DeviceIndex device) {
 }
 
 void Engine::ResetPeak() {
+  {
+    std::lock_guard<std::recursive_timed_mutex> l(mu_);
+    at_peak_ = PeakSnapshot();
+    next_peak_snapshot_ = 0;  // the next managed op takes a snapshot
+  }
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
     if (!cuda_->initialized()) return;
     for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) cuda_->resetPeakStats(d);
@@ -832,7 +795,14 @@ void Engine::ResetPeak() {
   alloc_->ResetPeakStats();
 }
 #else
-void Engine::ResetPeak() { alloc_->ResetPeakStats(); }
+void Engine::ResetPeak() {
+  {
+    std::lock_guard<std::recursive_timed_mutex> l(mu_);
+    at_peak_ = PeakSnapshot();
+    next_peak_snapshot_ = 0;  // the next managed op takes a snapshot
+  }
+  alloc_->ResetPeakStats();
+}
 void Engine::NoteCudaUse(Slot*) {}
 #endif
 
@@ -887,6 +857,7 @@ std::string Engine::StatsJson() {
       ",\"unevictable_bytes\":{\"constant\":", by.constant, ",\"exposed\":", by.exposed, ",\"external\":",
       by.external, ",\"pinned\":", by.pinned, ",\"locked\":", by.locked, ",\"untracked\":", by.untracked, "}",
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
+      ",\"unevictable_by_reason\":", UnevictableDetailJson(by.by_reason), ",\"unevictable_at_peak\":", UnevictableAtPeakJson({}),
       ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
       ",\"runtime\":", rs.ToJson(), "}");
 }

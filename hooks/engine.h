@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/eviction_handler.h"
@@ -91,7 +93,9 @@ class Engine final : public ReplayBackend,
 {
  public:
   explicit Engine(const DtrEnvConfig& cfg, ManagedDevice managed = ManagedDevice::kCpu)
-      : cfg_(cfg), managed_(managed) {}
+      : cfg_(cfg), managed_(managed) {
+    InternFixedReasons();
+  }
 
   absl::Status Init();
 
@@ -147,12 +151,26 @@ class Engine final : public ReplayBackend,
     return BreakdownFor(0);
   }
   std::string BreakdownFor(uint64_t request);
-  // Resident bytes by why they stay (stats: unevictable_bytes; README "What dtr pins").
+  // Resident bytes by why they stay (stats: unevictable_bytes; README "What dtr pins"), and the
+  // unevictable ones by their detailed reason (Note [Unevictable memory by reason]).
   struct MemoryByReason {
     uint64_t constant = 0, exposed = 0, external = 0, pinned = 0, locked = 0, evictable = 0, evicted = 0,
              untracked = 0, constants = 0;
+    uint64_t tracked = 0;  // the runtime's resident bytes
+    std::vector<uint64_t> by_reason;  // unevictable bytes by reason id (Engine::Intern)
   };
-  MemoryByReason ByReason();
+  // With `unevictable`, also lists each unevictable storage (one pass for SnapshotPeak).
+  struct UnevictableStorage {
+    StorageId sid;
+    uint64_t bytes;
+    uint16_t why;
+  };
+  MemoryByReason ByReason(std::vector<UnevictableStorage>* unevictable = nullptr);
+  // Note [Unevictable memory by reason]: the breakdown at the largest tracked memory so far
+  // (since ResetPeak), as JSON, leaving out the storages of `exclude` (a model's parameters and
+  // optimizer state, to see what else stays); torch.ops.dtr.unevictable_at_peak.
+  std::string UnevictableAtPeakJson(at::TensorList exclude);
+  std::string UnevictableDetailJson(const std::vector<uint64_t>& by_reason) const;
   // allocated and reserved bytes (current, peak) of the managed device memory.
   struct MemoryCounters {
     int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0,
@@ -234,11 +252,32 @@ class Engine final : public ReplayBackend,
     if (!cuda) ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) { cuda = cuda || t.is_cuda(); });
     return cuda;
   }
+  // Note [Unevictable memory by reason] (memory_report.cc): reason texts interned once.
+  uint16_t Intern(absl::string_view text);
+  // Why a resident storage cannot be evicted now; 0 when it can (or is not dtr's memory).
+  uint16_t WhyUnevictable(const Entry& e, const StorageRecord& r) const;
+  void SetPinOrigin(StorageId sid, absl::string_view why) {
+    if (Entry* e = FindEntry(sid)) e->pin_origin = Intern(absl::StrCat("pinned: ", why));
+  }
+  // Outputs of `op`, which ran unrecorded (`why`), allocated since `serial0`: their slots remember it.
+  void TagUnrecordedOutputs(const c10::IValue* returns, size_t n, uint64_t serial0, const std::string& op,
+                            absl::string_view why);
+  // Checks, after each managed op, whether tracked memory reached a new high (2% steps).
+  void WatchPeak() {
+    if (rt_->memory() >= next_peak_snapshot_) SnapshotPeak();
+  }
+  void SnapshotPeak();
+  struct PeakWatch {
+    explicit PeakWatch(Engine* e) : e_(e) {}
+    ~PeakWatch() { e_->WatchPeak(); }
+    Engine* e_;
+  };
   // A write the runtime must see but can never replay (batch norm's running statistics, the
   // tensors of a collective): `written` become resident constants and their readers are
   // detached (Note [Mutation]); traced as a zero-cost mutate `name`. `op` names the failing op.
+  // `writer`: the interned reason of the write, if the caller has it (else made from `name`).
   void WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,
-                         bool invalidate_readers);
+                         bool invalidate_readers, uint16_t writer = 0);
   // Note [Streams of evictable memory] (cuda_allocator.cc): the op about to run uses `s`.
   void NoteCudaUse(Slot* s);
   // Whether a CUDA stream capture is under way on the current stream: nothing may be evicted,
@@ -253,7 +292,10 @@ class Engine final : public ReplayBackend,
       e_->Check(e_->rt_->Pin(id), op_);
       ids_.push_back(id);
     }
-    void KeepPinned() { ids_.clear(); }
+    void KeepPinned(absl::string_view why) {
+      for (StorageId id : ids_) e_->SetPinOrigin(id, absl::StrCat(op_, ": ", why));
+      ids_.clear();
+    }
     ~OpPins() {
       for (StorageId id : ids_)
         if (e_->rt_->storage(id)) (void)e_->rt_->Unpin(id);
@@ -355,6 +397,24 @@ class Engine final : public ReplayBackend,
   };
   int next_trace_id_ = 0;
   std::ofstream trace_;
+  // Note [Unevictable memory by reason]: interned reasons (0 is ""), and the snapshot at the
+  // largest tracked memory so far with what each unevictable storage was, so a report can leave
+  // some out.
+  std::vector<std::string> reasons_{"", "other (more distinct reasons than can be named)"};
+  absl::flat_hash_map<std::string, uint16_t> reason_ids_;
+  // The reasons with fixed texts, interned by the constructor.
+  struct FixedReasons {
+    uint16_t exposed = 0, pinned_by_running_op = 0, locked = 0, first_seen = 0;
+    uint16_t constant[8] = {};  // by ConstantReason
+  } fixed_reasons_;
+  void InternFixedReasons();
+  uint16_t bn_stats_writer_ = 0;  // "constant: written in place by aten::native_batch_norm(running_stats)"
+  struct PeakSnapshot {
+    MemoryByReason by;
+    std::vector<UnevictableStorage> unevictable;
+  };
+  PeakSnapshot at_peak_;
+  uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
 };
 

@@ -9,7 +9,7 @@
 //   DTR_DEVICE      auto | cpu | cuda (default auto: cuda when dtr was built with its CUDA adapter
 //                   and a GPU is visible, else cpu): whose tensors dtr manages and budgets
 //   DTR_CUDA_ALLOCATOR  native | dtr (default native): Note [Two CUDA backends]
-//   DTR_HEURISTIC   eviction heuristic name (dtr::ParseHeuristic), default dtr-eq
+//   DTR_HEURISTIC   eviction heuristic name (dtr::ParseHeuristic), default dtr
 //   DTR_DEALLOC     eager-evict | banish (dtr::ParseDeallocPolicy)
 //   DTR_SEARCH      sampled | exact (dtr::ParseSearchMode)
 //   DTR_STATS_FILE  path: JSON statistics written at process exit
@@ -56,7 +56,7 @@ struct DtrEnvConfig {
   double budget_fraction = 0;  // > 0: DTR_BUDGET given as a fraction of device memory (CUDA)
   DeviceChoice device = DeviceChoice::kAuto;
   std::string cuda_allocator = "native";
-  HeuristicKind heuristic = HeuristicKind::kDtrEq;
+  HeuristicKind heuristic = HeuristicKind::kDtr;
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
   std::string stats_file;

@@ -120,7 +120,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                   " reads a tensor dtr evicted, inside CUDA graph capture (dtr never rematerializes while a graph is "
                   "captured). Pin the tensors the captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
                   "before capturing");
-      if (r != nullptr) Check(rt_->Pin(e->sid), info.name.c_str());
+      if (r != nullptr) {
+        Check(rt_->Pin(e->sid), info.name.c_str());
+        e->pin_origin = Intern("pinned: read inside CUDA graph capture");
+      }
     });
     return pass();
   }
@@ -164,13 +167,18 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       if (!Manageable(t)) return;
       if (Entry* e = EntryOf(t, false)) held.Add(e->sid);
     });
+    const uint64_t serial0 = LastSlotSerial();
     pass();
-    if (ReturnsHideTensors(*stack, schema.returns().size())) held.KeepPinned();
+    const size_t nret = schema.returns().size();
+    if (ReturnsHideTensors(*stack, nret)) held.KeepPinned("its results may hold its operands' memory");
+    TagUnrecordedOutputs(stack->data() + stack->size() - nret, nret, serial0, info.name,
+                         "has operands dtr cannot manage (sparse, quantized, nested, a subclass, another device)");
     return;
   }
 
   Busy busy(this);
   HookClock hook_clock(this);
+  PeakWatch peak_watch(this);  // Note [Unevictable memory by reason]
   if (++ops_seen_ % 4096 == 0) Sweep();
 
   // Input storages (registering unknown ones as constants).
@@ -238,7 +246,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   };
 
   if (!running_stat_entries.empty() && cfg_.rule_enabled(1))
-    WriteUnreplayably("aten::native_batch_norm(running_stats)", running_stat_entries, info.name.c_str(), true);
+    WriteUnreplayably("aten::native_batch_norm(running_stats)", running_stat_entries, info.name.c_str(), true,
+                      bn_stats_writer_);
 
   // ---- mutations (rules 1 and 2) ----
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
@@ -268,6 +277,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                     std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
     bool mc_recorded = false;
     mc.recorded = &mc_recorded;
+    const uint64_t serial0 = LastSlotSerial();
     absl::Status s = rt_->Mutate(mc, [&]() -> absl::StatusOr<double> {
       try {
         cost = timed_pass();
@@ -286,6 +296,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // If the op was recorded, the runtime owns rr (OnOpDropped deletes it, perhaps already: a
     // recipe cut at max_replay_depth); if not, drop it.
     if (rr != nullptr && !mc_recorded) delete rr;
+    if (!mc_recorded) {  // Note [Unevictable memory by reason]
+      uint16_t& writer = it->second.writer_reason;  // interned once per op
+      if (writer == 0) writer = Intern(absl::StrCat("constant: written in place by ", info.name));
+      for (StorageId w : written)
+        if (Entry* e = FindEntry(w)) e->writer = writer;
+    }
     if (tracing()) {
       std::string outs;
       for (StorageId w : written)
@@ -296,6 +312,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
+    TagUnrecordedOutputs(stack->data() + stack->size() - schema.returns().size(), schema.returns().size(), serial0,
+                         info.name, "a result of an in-place op besides the tensor it writes");
     return;
   }
 
@@ -307,8 +325,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate ||
       unrecordable_inputs) {
     // Views (rule 4: an output aliasing an input is never recorded) and unreplayable ops.
+    const uint64_t serial0 = LastSlotSerial();
     double cost = timed_pass();
-    if (ReturnsHideTensors(*stack, schema.returns().size())) pinned.KeepPinned();
+    const size_t nret = schema.returns().size();
+    if (ReturnsHideTensors(*stack, nret)) pinned.KeepPinned("its results may hold its operands' memory");
+    if (info.kind != Kind::kView)
+      TagUnrecordedOutputs(stack->data() + stack->size() - nret, nret, serial0, info.name,
+                           unrecordable_inputs ? "reads memory that may change outside PyTorch" : "not replayable");
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
@@ -393,6 +416,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
     it->second.seeded_no_gen = true;
     delete rr;
+    TagUnrecordedOutputs(stack->data() + stack->size() - schema.returns().size(), schema.returns().size(), serial0,
+                         info.name, "drew from the default generator");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
@@ -459,10 +484,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return;
   }
   // When in doubt, pin: the inputs stay resident for good.
-  if (hidden_alias) pinned.KeepPinned();
+  if (hidden_alias) pinned.KeepPinned("an output may hold an input's storage (sparse, nested)");
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;
+    TagUnrecordedOutputs(stack->data() + rbase, nret, serial0, info.name,
+                         "an output is not a new dense storage of its own");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
@@ -496,7 +523,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 }
 
 void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,
-                               bool invalidate_readers) {
+                               bool invalidate_readers, uint16_t writer) {
   std::vector<StorageId> ids;
   std::string names;
   for (Entry* e : written) {
@@ -505,6 +532,9 @@ void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*
   }
   Runtime::MutateCall mc{name, {}, ids, false, 0};
   mc.invalidate_readers = invalidate_readers;
+  // Note [Unevictable memory by reason]
+  if (writer == 0) writer = Intern(absl::StrCat("constant: written in place by ", name));
+  for (Entry* e : written) e->writer = writer;
   Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), op);
   if (tracing()) TraceLine(absl::StrCat("mutate-opaque ", name, " 0", names, " ->", names));
 }

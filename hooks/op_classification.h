@@ -37,6 +37,9 @@ struct OpInfo {
   // native_batch_norm], fallback.cc): decided here, not by comparing names on every op.
   bool batch_norm = false;
   std::string name;
+  // Note [Unevictable memory by reason] (hooks/memory_report.cc): its interned "written in place
+  // by" reason, once it wrote a storage it could not record.
+  uint16_t writer_reason = 0;
 };
 
 // `record_empty` is the debug switch for design rule 4 (never record empty* outputs: their

@@ -37,6 +37,9 @@ struct Slot {
   // >= 0: memory on that CUDA device, a heap slot owned by the CUDA adapter (Note [CUDA slots],
   // cuda_allocator.cc); -1: host memory (resident slots live in their block's header).
   int16_t cuda_device = -1;
+  // Note [Unevictable memory by reason] (memory_report.cc): set on a fresh output of an op dtr did
+  // not record, which becomes a constant when first used; 0 for everything else.
+  uint16_t origin = 0;
 };
 constexpr size_t kHeader = 64;
 static_assert(sizeof(Slot) <= kHeader, "slot header");
@@ -61,6 +64,10 @@ struct Entry {
   bool kept_resident = false;
   bool changeable() const { return external || exposed; }
   int trace_id = -1;
+  // Note [Unevictable memory by reason] (memory_report.cc), Engine::Intern ids (0: none): the op
+  // that made it without being recorded, the last op that wrote it without being replayable,
+  // and what keeps a runtime pin on it.
+  uint16_t origin = 0, writer = 0, pin_origin = 0;
 
   // The StorageImpl holding this storage's bytes now (strong ref), or null.
   c10::intrusive_ptr<c10::StorageImpl> impl() {

@@ -31,7 +31,7 @@ enum class SearchMode {
 
 struct RuntimeConfig {
   uint64_t budget_bytes = kUnlimitedBudget;
-  HeuristicKind heuristic = HeuristicKind::kDtrEq;
+  HeuristicKind heuristic = HeuristicKind::kDtr;  // Note [Default heuristic] (heuristic.cc)
   DeallocPolicy dealloc = DeallocPolicy::kEagerEvict;
   SearchMode search = SearchMode::kSampled;
   // Sampled search scores max(min_samples, ceil(sample_factor * sqrt(n))) candidates, at most

@@ -13,7 +13,7 @@
 namespace dtr {
 
 enum class HeuristicKind {
-  kDtrEq,     // (c0 + cost of union-find evicted components touching it) / (m * s)   [default]
+  kDtrEq,     // (c0 + cost of union-find evicted components touching it) / (m * s)
   kDtr,       // (c0 + cost of the exact evicted neighborhood e*) / (m * s)
   kDtrLocal,  // c0 / (m * s)
   kLru,       // 1 / s: least recently used first

@@ -63,7 +63,7 @@ void Runtime::Banish(StorageId id) {
   // Every resident dependent loses the ability to be recomputed: it becomes a constant.
   std::vector<StorageId> dependents;
   Dependents(id, &dependents);
-  for (StorageId d : dependents) Detach(d);
+  for (StorageId d : dependents) Detach(d, ConstantReason::kBanishedAncestor);
   StorageRecord& r = rec(id);
   r.banish_pending = false;
   ++stats_.banishments;
@@ -71,9 +71,10 @@ void Runtime::Banish(StorageId id) {
   MaybeCollect(id);
 }
 
-void Runtime::Detach(StorageId id) {
+void Runtime::Detach(StorageId id, ConstantReason why) {
   StorageRecord& r = rec(id);
   if (!r.rematerializable()) return;
+  r.constant_reason = why;  // before ClearRecipe, which calls out to the backend
   ClearRecipe(id);
   ++stats_.detached;
   // Frozen with nobody holding it: Note [Dead constants in accumulating recipes].
@@ -114,7 +115,7 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
         accumulators.push_back(o);
     }
   }
-  for (StorageId o : accumulators) Detach(o);
+  for (StorageId o : accumulators) Detach(o, ConstantReason::kAccumulator);
   MaybeCollect(id);
 }
 

@@ -50,7 +50,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   absl::StatusOr<double> cost = execute();
   if (!cost.ok()) {
     // The contents of the mutated storages are unknown now: they cannot be replayed.
-    for (StorageId m : mutated) Detach(m);
+    for (StorageId m : mutated) Detach(m, ConstantReason::kUnreplayableWrite);
     unlock_inputs();
     return cost.status();
   }
@@ -83,15 +83,16 @@ absl::Status Runtime::Mutate(const MutateCall& call,
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     rec(m).recipe.push_back(op_id);
+    rec(m).constant_reason = ConstantReason::kNone;
     rec(m).cost += *cost;
     rec(m).replay_depth = depth;
     if (depth > config_.max_replay_depth) {
-      Detach(m);  // Note [Bounded replay chains]
+      Detach(m, ConstantReason::kReplayDepth);  // Note [Bounded replay chains]
       ++stats_.depth_limited;
     }
     SyncPool(m);  // a constant it overwrote is evictable now
   } else {
-    for (StorageId m : mutated) Detach(m);
+    for (StorageId m : mutated) Detach(m, ConstantReason::kUnreplayableWrite);
   }
   for (StorageId in : inputs) Touch(in);
   unlock_inputs();
@@ -142,10 +143,10 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
       absl::Status status = Materialize(t);
       Unlock(t);
       if (!status.ok()) return status;
-      Detach(t);
+      Detach(t, ConstantReason::kMutatedAncestor);
     }
   }
-  for (StorageId t : freeze) Detach(t);
+  for (StorageId t : freeze) Detach(t, ConstantReason::kMutatedAncestor);
   // Nothing reads the abandoned storages any more: collecting them drops the old graph.
   for (StorageId t : abandon) {
     ++stats_.detached;

@@ -17,6 +17,34 @@ namespace dtr {
 
 enum class StorageState { kResident, kEvicted, kBanished };
 
+// Note [Constants by reason]
+// Why a storage cannot be recomputed, kept so that the statistics can say where unevictable
+// memory comes from (issue 16: memory that is never evictable must be found, then made
+// replayable). kNone exactly when the storage has a recipe (CheckInvariants).
+enum class ConstantReason : uint8_t {
+  kNone,               // rematerializable
+  kAdded,              // AddConstant: given to the runtime (parameters, inputs); the caller knows more
+  kUnreplayableOp,     // output of an op recorded as not replayable
+  kUnreplayableWrite,  // written in place by an op that is not replayable, or that failed
+  kReplayDepth,        // recorded deeper than max_replay_depth (Note [Bounded replay chains])
+  kMutatedAncestor,    // its recipe read contents a later in-place op changed (Note [Mutation])
+  kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
+  kAccumulator,        // frozen to release a dead constant (Note [Dead constants in accumulating recipes])
+};
+inline const char* ConstantReasonName(ConstantReason reason) {
+  switch (reason) {
+    case ConstantReason::kNone: return "rematerializable";
+    case ConstantReason::kAdded: return "given to the runtime";
+    case ConstantReason::kUnreplayableOp: return "output of an op that is not replayable";
+    case ConstantReason::kUnreplayableWrite: return "written in place by an op that is not replayable";
+    case ConstantReason::kReplayDepth: return "replay chain deeper than max_replay_depth";
+    case ConstantReason::kMutatedAncestor: return "computed from contents a later in-place op changed";
+    case ConstantReason::kBanishedAncestor: return "computed from a banished storage";
+    case ConstantReason::kAccumulator: return "accumulator frozen to free a dead constant";
+  }
+  return "unknown";
+}
+
 // Field order matters: what a victim search reads of a candidate (Runtime::ChooseVictim) comes
 // first, within the two cache lines SlotMap::Prefetch loads.
 struct StorageRecord {
@@ -57,6 +85,7 @@ struct StorageRecord {
   // The last neighborhood walk that visited it (Runtime::NextWalkEpoch): a visited mark without
   // a hash set per walk.
   uint32_t walk_epoch = 0;
+  ConstantReason constant_reason = ConstantReason::kNone;  // Note [Constants by reason]
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

@@ -107,6 +107,7 @@ absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
   r.external_refs = 1;
   r.handle = handle;
   r.last_access = now_;
+  r.constant_reason = ConstantReason::kAdded;
   StorageId id = storages_.Insert(std::move(r));
   memory_ += size;
   UpdatePeak(0);
@@ -197,11 +198,12 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     }
     if (depth > config_.max_replay_depth) {
       // Note [Bounded replay chains]
-      for (StorageId out : outputs) Detach(out);
+      for (StorageId out : outputs) Detach(out, ConstantReason::kReplayDepth);
       stats_.depth_limited += outputs.size();
     }
   } else {
     stats_.constants += outputs.size();
+    for (StorageId out : outputs) rec(out).constant_reason = ConstantReason::kUnreplayableOp;
   }
   for (StorageId out : outputs) {
     Touch(out);
@@ -336,6 +338,9 @@ absl::Status Runtime::CheckInvariants() const {
       if (r.component == EvictedComponents::kNone) status = fail(IdString(id), " evicted without a component");
       else component_cost[components_.Find(r.component)] += r.cost;
     }
+    if (r.rematerializable() != (r.constant_reason == ConstantReason::kNone))  // Note [Constants by reason]
+      status = fail(IdString(id), r.rematerializable() ? " has a recipe and a constant reason "
+                                                       : " is a constant without a reason");
     bool eligible_now = r.resident() && r.rematerializable() && r.pins == 0 && r.size > 0;
     if (eligible_now) {
       ++eligible;

@@ -234,7 +234,7 @@ class Runtime {
   // Note [Dead constants in accumulating recipes] (lifetime.cc).
   void ReleaseDeadConstant(StorageId id);
   void Banish(StorageId id);
-  void Detach(StorageId id);
+  void Detach(StorageId id, ConstantReason why);
   void ClearRecipe(StorageId id);
   void MaybeCollect(StorageId id);
   void DrainCollection();

@@ -22,7 +22,7 @@ import os as _os
 from dtr import _library
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "pin", "unpin", "set_budget", "budget",
-           "reset_peak_stats", "library_path", "cmake_prefix_path", "OPTIONS"]
+           "reset_peak_stats", "unevictable_at_peak", "library_path", "cmake_prefix_path", "OPTIONS"]
 
 __version__ = _library.build_info.VERSION if _library.build_info else "0+unknown"
 
@@ -128,8 +128,7 @@ def enable(budget=None, **options):
 
 def _activated():
     """Active but paused counts as activated (dtr_is_active() is 0 while paused)."""
-    lib = _library.load()
-    return lib.dtr_stats_json() != b"{}"
+    return bool(_library.load().dtr_has_engine())
 
 
 def disable():
@@ -168,6 +167,18 @@ def stats():
     if not _is_loaded():
         return {}
     return _json.loads(_library.load().dtr_stats_json().decode())
+
+
+def unevictable_at_peak(exclude=()):
+    """What dtr could not evict at the largest tracked memory since the start (or
+    reset_peak_stats()), by reason: a dict with tracked_bytes, evictable_bytes, unevictable_bytes,
+    excluded_bytes and by_reason ({reason: bytes}), leaving out the storages of the tensors in
+    `exclude` (say the parameters and optimizer state). {} when dtr is not active."""
+    if not _is_loaded() or not _activated():
+        return {}
+    import torch
+    tensors = [t for t in exclude if isinstance(t, torch.Tensor)]
+    return _json.loads(torch.ops.dtr.unevictable_at_peak(tensors))
 
 
 def set_budget(budget):

@@ -22,7 +22,7 @@ USAGE = """usage: python -m dtr [--budget B] [--stats-file F] [--heuristic H] [-
   --budget B       cap on the memory dtr's allocator reserves: 6GiB, 6000MB, 123456 (bytes),
                    unlimited (default: no cap; dtr then tracks and reports peaks)
   --stats-file F   JSON statistics written at exit; {rank} and {pid} in F expand per process
-  --heuristic H    eviction heuristic: dtr-eq (default), dtr, dtr-local, lru, size, msps, random
+  --heuristic H    eviction heuristic: dtr (default), dtr-eq, dtr-local, lru, size, msps, random
   --info           versions, build features and the parsed configuration; refuses a mismatched torch
   --print-lib      the preload library's path, for LD_PRELOAD=$(python -m dtr --print-lib)
 Each option sets the DTR_* variable of the same name (README); DTR_* already in the environment

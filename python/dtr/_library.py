@@ -73,6 +73,7 @@ def load():
     for name, res, args in [
         ("dtr_activate_checked", ctypes.c_int, []),
         ("dtr_is_active", ctypes.c_int, []),
+        ("dtr_has_engine", ctypes.c_int, []),
         ("dtr_last_error", ctypes.c_char_p, []),
         ("dtr_config_error", ctypes.c_char_p, []),
         ("dtr_config_string", ctypes.c_char_p, []),

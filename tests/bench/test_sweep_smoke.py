@@ -105,11 +105,14 @@ def test_activation_budgets_table(tmp_path):
                         "chain", "--work", str(tmp_path), "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    # One row in the budgets table, one in the unevictable-memory table.
     row = [line for line in out.read_text().splitlines() if line.startswith("| chain |")]
-    assert len(row) == 1, out.read_text()
+    assert len(row) == 2, out.read_text()
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     ratios = [float(c[:-1]) for c in cells[4:] if c.endswith("x")]
     assert ratios and ratios[0] == 1.0 and all(x >= 1.0 for x in ratios) and ratios[-1] > 1.0, cells
+    unevictable = [c.strip() for c in row[1].strip("|").split("|")]
+    assert unevictable[3].endswith("%") and unevictable[4] in ("yes", "**no**"), unevictable
 
 
 def test_op_overhead_reports_each_mode_against_plain():

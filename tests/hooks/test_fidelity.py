@@ -54,6 +54,52 @@ def test_exposed_memory_is_pinned_and_reported():
     assert st["evicted_bytes"] >= 64 * 64 * 4, st  # c was evicted; a and b were not
 
 
+def test_unevictable_memory_is_reported_by_reason():
+    """Note [Unevictable memory by reason] (hooks/memory_report.cc): each unevictable byte is
+    reported with why it stays (the op that made or wrote it, the pin), now, at the largest
+    tracked memory, less the storages a caller excludes, and in the out-of-memory message."""
+    code = ("import json, numpy as np, torch, dtr\n"
+            "a = torch.ones(64, 64) * 2\n"          # 16 KiB
+            "view = a.numpy()\n"                    # exposed, writable: ops reading a are not recorded
+            "b = a * 3\n"                           # 16 KiB made by an unrecorded mul
+            "c = torch.ones(32, 32) * 5\n"          # 4 KiB, pinned below
+            "dtr.pin(c)\n"
+            "w = torch.ones(128, 128) * 1\n"        # 64 KiB, excluded below
+            "w_view = w.numpy()\n"
+            "big = torch.ones(256, 256) * 1\n"      # 256 KiB at the peak, gone after
+            "d = b.sum() + c.sum() + big.sum()\n"
+            "del big\n"
+            "now = json.loads(torch.ops.dtr.stats())\n"
+            "peak = dtr.unevictable_at_peak(exclude=[w])\n"
+            "try:\n"
+            "    torch.ops.dtr.set_budget(1)\n"
+            "    msg = ''\n"
+            "except torch.OutOfMemoryError as e:\n"
+            "    msg = str(e)\n"
+            "torch.ops.dtr.set_budget(0)\n"
+            "dtr.reset_peak_stats()\n"
+            "after_reset = dtr.unevictable_at_peak()\n"
+            "print(json.dumps({'now': now, 'peak': peak, 'msg': msg, 'after_reset': after_reset}))\n")
+    res = last_json(run([PY, "-c", code], preload=True))
+    detail = res["now"]["unevictable_by_reason"]
+    made = [k for k in detail if "aten::mul" in k and "reads memory that may change outside PyTorch" in k]
+    assert made and detail[made[0]] >= 64 * 64 * 4, detail
+    assert detail.get("pinned: torch.ops.dtr.pin (dtr.pin)") == 32 * 32 * 4, detail
+    exposed = [k for k in detail if k.startswith("exposed")]
+    assert len(exposed) == 1 and detail[exposed[0]] == 64 * 64 * 4 + 128 * 128 * 4, detail
+    # Every unevictable byte has a reason.
+    by = res["now"]["unevictable_bytes"]
+    assert sum(detail.values()) == by["constant"] + by["exposed"] + by["pinned"] + by["locked"], (detail, by)
+    peak = res["peak"]
+    assert peak["tracked_bytes"] >= 256 * 256 * 4 + 128 * 128 * 4, peak
+    assert peak["excluded_bytes"] == 128 * 128 * 4, peak  # w, left out
+    assert peak["by_reason"][exposed[0]] == 64 * 64 * 4, peak
+    assert peak["unevictable_bytes"] == sum(peak["by_reason"].values()), peak
+    assert "Unevictable, largest first" in res["msg"] and "aten::mul" in res["msg"], res["msg"]
+    # reset_peak_stats() starts over: the next managed op takes the snapshot, none ran since.
+    assert res["after_reset"]["tracked_bytes"] == 0, res["after_reset"]
+
+
 @pytest.mark.parametrize("mode", ["ema", "numpy_inputs", "zero_grad"])
 def test_memory_flat_over_200_steps(mode):
     plain = last_json(run([PY, GROWTH, mode]))

@@ -297,6 +297,39 @@ TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
   Check();
 }
 
+// Note [Constants by reason]: each way of becoming a constant leaves its own reason.
+TEST_F(RuntimeTest, ConstantsKeepTheirReason) {
+  MakeWithMaxDepth(3);
+  auto reason = [&](StorageId id) { return rt_->storage(id)->constant_reason; };
+  StorageId x = Const(4);
+  EXPECT_EQ(reason(x), ConstantReason::kAdded);
+  StorageId opaque = Op("opaque", {x}, {10}, 1, /*replayable=*/false)[0];
+  EXPECT_EQ(reason(opaque), ConstantReason::kUnreplayableOp);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {a}, 10);
+  EXPECT_EQ(reason(a), ConstantReason::kNone);
+  StorageId a_only[] = {a};
+  StorageId a_in[] = {a};
+  // b read a's old contents: it is frozen; a's recipe goes on.
+  ASSERT_TRUE(rt_->Mutate({"relu_", a_in, a_only, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(reason(b), ConstantReason::kMutatedAncestor);
+  EXPECT_EQ(reason(a), ConstantReason::kNone);
+  ASSERT_TRUE(rt_->Mutate({"opaque_", a_in, a_only, false, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(reason(a), ConstantReason::kUnreplayableWrite);
+  // A chain deeper than max_replay_depth (3) is cut.
+  StorageId c = Op1("c", {x}, 10), d = Op1("d", {c}, 10), e = Op1("e", {d}, 10), f = Op1("f", {e}, 10);
+  EXPECT_EQ(reason(e), ConstantReason::kNone);
+  EXPECT_EQ(reason(f), ConstantReason::kReplayDepth);
+  // An overwriting op gives a constant a recipe again.
+  StorageId x_only[] = {x};
+  Runtime::MutateCall fill{"fill_", {}, x_only, true, 0};
+  fill.overwrites = true;
+  ASSERT_TRUE(rt_->Mutate(fill, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_TRUE(rt_->storage(x)->rematerializable());
+  EXPECT_EQ(reason(x), ConstantReason::kNone);
+  Check();
+}
+
 TEST_F(RuntimeTest, MutationAbandonsUnreferencedEvictedReadersInsteadOfReplayingThem) {
   Make(kUnlimitedBudget);
   StorageId w = Const(4);   // a parameter
