@@ -150,8 +150,9 @@ class CachingAllocator {
   void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases all fully free segments; returns the bytes released.
-  size_t ReleaseCachedSegmentsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases fully free segments, all of them or (Note [Releasing what a request needs]) enough
+  // for at least `at_least` bytes; returns the bytes released.
+  size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse under a budget]: whether rung 1 must not hand out a free block of
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
   bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const

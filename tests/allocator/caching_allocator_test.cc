@@ -459,6 +459,39 @@ TEST(RetryLadderTest, Rung4ReleasesCachedSegmentsAfterEviction) {
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
+// Note [Releasing what a request needs]: under a budget, rung 4 releases the smallest cached
+// segment that covers the shortfall (else the largest first), and the rest stays cached.
+TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
+  for (bool covered_by_one : {true, false}) {
+    FakeBackend backend;
+    AllocatorConfig config = BudgetConfig(32 * kKiB);
+    config.exact_reuse_under_budget = true;
+    config.shrink_segment_to_fit_budget = false;
+    config.small_size = config.small_segment_size = 512;  // one segment per block, as on the CPU
+    config.min_large_alloc = config.large_segment_size = 1024;
+    config.large_round = 512;
+    auto allocator = MakeAllocator(config, &backend);
+    void* keep = *allocator->Allocate(8 * kKiB);  // in use, so the cache stays under the peak
+    void* a = *allocator->Allocate(4 * kKiB);
+    void* b = *allocator->Allocate(6 * kKiB);
+    void* c = *allocator->Allocate(10 * kKiB);
+    for (void* p : {a, b, c}) DTR_ASSERT_OK(allocator->Free(p));  // cached 20 KiB; reserved 28 KiB
+    // 5 KiB needs 1 KiB more than the 4 free under the cap: the 4 KiB segment covers it alone.
+    // 16 KiB needs 12: no single segment does, so the largest go first (10, then 6).
+    const size_t request = covered_by_one ? 5 * kKiB : 16 * kKiB;
+    ASSERT_TRUE(allocator->Allocate(request).ok());
+    AllocatorStats stats = allocator->GetStats();
+    EXPECT_EQ(stats.num_cache_flushes, 1);
+    EXPECT_EQ(stats.num_segment_frees, covered_by_one ? 1 : 2);
+    EXPECT_EQ(stats.reserved_bytes.current, int64_t(covered_by_one ? 29 * kKiB : 28 * kKiB));
+    // What was not released is still there to be reused at its size.
+    void* again = *allocator->Allocate(covered_by_one ? 10 * kKiB : 4 * kKiB);
+    EXPECT_EQ(again, covered_by_one ? c : a);
+    (void)keep;
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+}
+
 TEST(RetryLadderTest, Rung5ReportsEverythingInTheOutOfMemoryMessage) {
   FakeBackend backend;
   AllocatorConfig config = BudgetConfig(24 * kMiB);
