@@ -210,15 +210,12 @@ def cmd_blocks(args):
 
 
 def storages(x):
-    """{data_ptr: nbytes} of the storages under a tensor or nested tuple/list of tensors."""
+    """{data_ptr: nbytes} of the storages under a tensor or nested tuple/list/dict of tensors."""
     out = {}
-    if isinstance(x, torch.Tensor):
-        s = x.storage()
+    for t in tensors_in(x):
+        s = t.storage()
         if s.size() and s.data_ptr():
             out[s.data_ptr()] = s.nbytes()
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            out.update(storages(y))
     return out
 
 
@@ -253,8 +250,7 @@ def cmd_trace(args):
     static = {}
     static_tensors = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None] + \
         optimizer_state_tensors(opt) + tensors_in(batches)
-    for t in static_tensors:
-        static.update(storages(t))
+    static.update(storages(static_tensors))
     chain_inputs = []
     for b in batches:
         chain = bm.stages(model, b)
@@ -266,7 +262,7 @@ def cmd_trace(args):
                              "input_bytes_in_static": sum(v for k, v in s0.items() if k in static)})
     event = {"event": "trace", "model": bm.name, "steps": args.steps, "losses": losses,
              "static_bytes": sum(static.values()), "chain_inputs": chain_inputs}
-    if DTR and hasattr(torch.ops.dtr, "unevictable_at_peak"):  # a libdtr from before it: leave it out
+    if DTR:
         # Note [Unevictable memory by reason] (hooks/memory_report.cc): what dtr could not evict at
         # the largest tracked memory, beyond the static storages.
         event["unevictable_at_peak"] = json.loads(torch.ops.dtr.unevictable_at_peak(static_tensors))

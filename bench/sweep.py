@@ -709,8 +709,7 @@ def chain_section(results, a):
                  f"its peak: {mib(act)}; the chain model's peak without recomputation: "
                  + ", ".join(f"{mib(pk)} ({pk / act - 1:+.0%})" for pk in ch["chain_peak_bytes"])
                  + " (per traced step).\n")
-        hs = [h for h in (DEFAULT_HEURISTIC, "dtr-eq", "dtr", "lru") if h in res["sim"]["runs"]]
-        hs = list(dict.fromkeys(hs))
+        hs = [h for h in dict.fromkeys((DEFAULT_HEURISTIC, "dtr", "dtr-eq", "lru")) if h in res["sim"]["runs"]]
         ps = [p for p in PLANNER_ORDER if p in ch["planners"]] + [p for p in ch["planners"] if p not in PLANNER_ORDER]
         L.append("| ratio | sim budget | bytes removed | " + " | ".join(hs) + " | " + " | ".join(ps) +
                  f" | {DEFAULT_HEURISTIC} ÷ best | rotor, raw alignment |")

@@ -782,11 +782,7 @@ size_t Engine::UnevictableBytes(c10::DeviceIndex device) {
 }
 
 void Engine::ResetPeak() {
-  {
-    std::lock_guard<std::recursive_timed_mutex> l(mu_);
-    at_peak_ = PeakSnapshot();
-    next_peak_snapshot_ = 0;  // the next managed op takes a snapshot
-  }
+  ForgetPeakSnapshot();
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
     if (!cuda_->initialized()) return;
     for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) cuda_->resetPeakStats(d);
@@ -796,11 +792,7 @@ void Engine::ResetPeak() {
 }
 #else
 void Engine::ResetPeak() {
-  {
-    std::lock_guard<std::recursive_timed_mutex> l(mu_);
-    at_peak_ = PeakSnapshot();
-    next_peak_snapshot_ = 0;  // the next managed op takes a snapshot
-  }
+  ForgetPeakSnapshot();
   alloc_->ResetPeakStats();
 }
 void Engine::NoteCudaUse(Slot*) {}

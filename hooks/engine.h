@@ -39,7 +39,6 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -254,19 +253,30 @@ class Engine final : public ReplayBackend,
   }
   // Note [Unevictable memory by reason] (memory_report.cc): reason texts interned once.
   uint16_t Intern(absl::string_view text);
-  // Why a resident storage cannot be evicted now; 0 when it can (or is not dtr's memory).
-  uint16_t WhyUnevictable(const Entry& e, const StorageRecord& r) const;
+  // Where a resident storage of ours stands, and why it cannot be evicted now (why: 0 when it can).
+  enum class Standing : uint8_t { kEvictable, kExposed, kPinned, kLocked, kConstant };
+  struct Unevictability {
+    Standing standing;
+    uint16_t why;
+  };
+  Unevictability StandingOf(const Entry& e, const StorageRecord& r) const;
+  // The interned reason "constant: written in place by <op>".
+  uint16_t WriterReason(absl::string_view op) {
+    return Intern(absl::StrCat("constant: written in place by ", op));
+  }
   void SetPinOrigin(StorageId sid, absl::string_view why) {
     if (Entry* e = FindEntry(sid)) e->pin_origin = Intern(absl::StrCat("pinned: ", why));
   }
-  // Outputs of `op`, which ran unrecorded (`why`), allocated since `serial0`: their slots remember it.
-  void TagUnrecordedOutputs(const c10::IValue* returns, size_t n, uint64_t serial0, const std::string& op,
+  // The `nret` outputs on top of `stack` of `op`, which ran unrecorded (`why`), allocated since
+  // `serial0`: their slots remember it.
+  void TagUnrecordedOutputs(const torch::jit::Stack& stack, size_t nret, uint64_t serial0, const std::string& op,
                             absl::string_view why);
   // Checks, after each managed op, whether tracked memory reached a new high (2% steps).
   void WatchPeak() {
     if (rt_->memory() >= next_peak_snapshot_) SnapshotPeak();
   }
   void SnapshotPeak();
+  void ForgetPeakSnapshot();  // ResetPeak: the next managed op takes a snapshot
   struct PeakWatch {
     explicit PeakWatch(Engine* e) : e_(e) {}
     ~PeakWatch() { e_->WatchPeak(); }
@@ -405,10 +415,10 @@ class Engine final : public ReplayBackend,
   // The reasons with fixed texts, interned by the constructor.
   struct FixedReasons {
     uint16_t exposed = 0, pinned_by_running_op = 0, locked = 0, first_seen = 0;
-    uint16_t constant[8] = {};  // by ConstantReason
+    uint16_t constant[kConstantReasonCount] = {};  // by ConstantReason
   } fixed_reasons_;
   void InternFixedReasons();
-  uint16_t bn_stats_writer_ = 0;  // "constant: written in place by aten::native_batch_norm(running_stats)"
+  uint16_t bn_stats_writer_ = 0;  // WriterReason("aten::native_batch_norm(running_stats)")
   struct PeakSnapshot {
     MemoryByReason by;
     std::vector<UnevictableStorage> unevictable;

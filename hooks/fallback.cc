@@ -171,7 +171,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     pass();
     const size_t nret = schema.returns().size();
     if (ReturnsHideTensors(*stack, nret)) held.KeepPinned("its results may hold its operands' memory");
-    TagUnrecordedOutputs(stack->data() + stack->size() - nret, nret, serial0, info.name,
+    TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "has operands dtr cannot manage (sparse, quantized, nested, a subclass, another device)");
     return;
   }
@@ -298,7 +298,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (rr != nullptr && !mc_recorded) delete rr;
     if (!mc_recorded) {  // Note [Unevictable memory by reason]
       uint16_t& writer = it->second.writer_reason;  // interned once per op
-      if (writer == 0) writer = Intern(absl::StrCat("constant: written in place by ", info.name));
+      if (writer == 0) writer = WriterReason(info.name);
       for (StorageId w : written)
         if (Entry* e = FindEntry(w)) e->writer = writer;
     }
@@ -312,8 +312,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
-    TagUnrecordedOutputs(stack->data() + stack->size() - schema.returns().size(), schema.returns().size(), serial0,
-                         info.name, "a result of an in-place op besides the tensor it writes");
+    TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name,
+                         "a result of an in-place op besides the tensor it writes");
     return;
   }
 
@@ -330,7 +330,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     const size_t nret = schema.returns().size();
     if (ReturnsHideTensors(*stack, nret)) pinned.KeepPinned("its results may hold its operands' memory");
     if (info.kind != Kind::kView)
-      TagUnrecordedOutputs(stack->data() + stack->size() - nret, nret, serial0, info.name,
+      TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                            unrecordable_inputs ? "reads memory that may change outside PyTorch" : "not replayable");
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
@@ -416,8 +416,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
     it->second.seeded_no_gen = true;
     delete rr;
-    TagUnrecordedOutputs(stack->data() + stack->size() - schema.returns().size(), schema.returns().size(), serial0,
-                         info.name, "drew from the default generator");
+    TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
   }
@@ -488,7 +487,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;
-    TagUnrecordedOutputs(stack->data() + rbase, nret, serial0, info.name,
+    TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
     return;
@@ -533,7 +532,7 @@ void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*
   Runtime::MutateCall mc{name, {}, ids, false, 0};
   mc.invalidate_readers = invalidate_readers;
   // Note [Unevictable memory by reason]
-  if (writer == 0) writer = Intern(absl::StrCat("constant: written in place by ", name));
+  if (writer == 0) writer = WriterReason(name);
   for (Entry* e : written) e->writer = writer;
   Check(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 0.0; }), op);
   if (tracing()) TraceLine(absl::StrCat("mutate-opaque ", name, " 0", names, " ->", names));

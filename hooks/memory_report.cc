@@ -2,7 +2,6 @@
 // unevictable_bytes, out-of-memory messages and torch.ops.dtr.unevictable_at_peak, and the
 // snapshot of it at the largest tracked memory.
 #include <algorithm>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -52,16 +51,16 @@ void Engine::InternFixedReasons() {
   f.locked = Intern("locked by the running op");
   f.first_seen = Intern(
       "constant: first seen as an input (parameters, optimizer state, batches, tensors made outside recorded ops)");
-  for (uint8_t r = 0; r < std::size(f.constant); ++r)
+  for (size_t r = 0; r < kConstantReasonCount; ++r)
     f.constant[r] = Intern(absl::StrCat("constant: ", ConstantReasonName(ConstantReason(r))));
-  bn_stats_writer_ = Intern("constant: written in place by aten::native_batch_norm(running_stats)");
+  bn_stats_writer_ = WriterReason("aten::native_batch_norm(running_stats)");
 }
 
-void Engine::TagUnrecordedOutputs(const c10::IValue* returns, size_t n, uint64_t serial0, const std::string& op,
-                                  absl::string_view why) {
+void Engine::TagUnrecordedOutputs(const torch::jit::Stack& stack, size_t nret, uint64_t serial0,
+                                  const std::string& op, absl::string_view why) {
   if (LastSlotSerial() == serial0) return;  // the op allocated nothing
   uint16_t origin = 0;  // interned at the first new storage: most such ops return none
-  ForEachTensor(returns, n, [&](Path, const at::Tensor& t, bool) {
+  ForEachTensor(stack.data() + stack.size() - nret, nret, [&](Path, const at::Tensor& t, bool) {
     if (!t.has_storage()) return;
     Slot* s = SlotOf(t.storage().unsafeGetStorageImpl()->data_ptr());
     if (s == nullptr || s->mem == nullptr || s->entry != nullptr || s->serial <= serial0) return;
@@ -70,16 +69,15 @@ void Engine::TagUnrecordedOutputs(const c10::IValue* returns, size_t n, uint64_t
   });
 }
 
-uint16_t Engine::WhyUnevictable(const Entry& e, const StorageRecord& r) const {
+Engine::Unevictability Engine::StandingOf(const Entry& e, const StorageRecord& r) const {
   const FixedReasons& f = fixed_reasons_;
-  if (!r.resident()) return 0;
-  if (e.exposed || e.kept_resident) return f.exposed;
-  if (r.pins > 0) return e.pin_origin != 0 ? e.pin_origin : f.pinned_by_running_op;
-  if (r.locks > 0) return f.locked;
-  if (r.rematerializable()) return 0;
-  if (r.constant_reason == ConstantReason::kAdded) return e.origin != 0 ? e.origin : f.first_seen;
-  if (r.constant_reason == ConstantReason::kUnreplayableWrite && e.writer != 0) return e.writer;
-  return f.constant[size_t(r.constant_reason) % std::size(f.constant)];
+  if (e.exposed || e.kept_resident) return {Standing::kExposed, f.exposed};
+  if (r.pins > 0) return {Standing::kPinned, e.pin_origin != 0 ? e.pin_origin : f.pinned_by_running_op};
+  if (r.locks > 0) return {Standing::kLocked, f.locked};
+  if (r.rematerializable()) return {Standing::kEvictable, 0};
+  if (r.constant_reason == ConstantReason::kAdded) return {Standing::kConstant, e.origin != 0 ? e.origin : f.first_seen};
+  if (r.constant_reason == ConstantReason::kUnreplayableWrite && e.writer != 0) return {Standing::kConstant, e.writer};
+  return {Standing::kConstant, f.constant[size_t(r.constant_reason)]};
 }
 
 Engine::MemoryByReason Engine::ByReason(std::vector<UnevictableStorage>* unevictable) {
@@ -98,20 +96,27 @@ Engine::MemoryByReason Engine::ByReason(std::vector<UnevictableStorage>* unevict
       continue;
     }
     if (!e->ours) continue;
-    if (e->exposed || e->kept_resident) m.exposed += r->size;
-    else if (r->pins > 0) m.pinned += r->size;
-    else if (r->locks > 0) m.locked += r->size;
-    else if (!r->rematerializable()) m.constant += r->size, ++m.constants;
-    else m.evictable += r->size;
-    if (uint16_t why = WhyUnevictable(*e, *r)) {
-      m.by_reason[why] += r->size;
-      if (unevictable != nullptr) unevictable->push_back({e->sid, r->size, why});
+    const Unevictability u = StandingOf(*e, *r);
+    switch (u.standing) {
+      case Standing::kEvictable: m.evictable += r->size; continue;
+      case Standing::kExposed: m.exposed += r->size; break;
+      case Standing::kPinned: m.pinned += r->size; break;
+      case Standing::kLocked: m.locked += r->size; break;
+      case Standing::kConstant: m.constant += r->size, ++m.constants; break;
     }
+    m.by_reason[u.why] += r->size;
+    if (unevictable != nullptr) unevictable->push_back({e->sid, r->size, u.why});
   }
   const uint64_t alloc = uint64_t(Counters().allocated);
   const uint64_t tracked = m.exposed + m.pinned + m.locked + m.constant + m.evictable;
   m.untracked = alloc > tracked ? alloc - tracked : 0;
   return m;
+}
+
+void Engine::ForgetPeakSnapshot() {
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
+  at_peak_ = PeakSnapshot();
+  next_peak_snapshot_ = 0;
 }
 
 void Engine::SnapshotPeak() {

@@ -4,6 +4,7 @@
 #ifndef DTR_RUNTIME_RECORDS_H_
 #define DTR_RUNTIME_RECORDS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ enum class ConstantReason : uint8_t {
   kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
   kAccumulator,        // frozen to release a dead constant (Note [Dead constants in accumulating recipes])
 };
+inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kAccumulator) + 1;
 inline const char* ConstantReasonName(ConstantReason reason) {
   switch (reason) {
     case ConstantReason::kNone: return "rematerializable";
