@@ -392,6 +392,9 @@ void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t reque
   allocated_blocks_[block->ptr] = block;
   const auto size = static_cast<int64_t>(block->size);
   stats_.allocated_bytes.Increase(size);
+  allocated_now_.store(stats_.allocated_bytes.current, std::memory_order_relaxed);
+  if (stats_.allocated_bytes.current > high_water_.load(std::memory_order_relaxed))
+    high_water_.store(stats_.allocated_bytes.current, std::memory_order_relaxed);
   stats_.active_bytes.Increase(size);
   stats_.requested_bytes.Increase(static_cast<int64_t>(requested));
   stats_.allocation_count.Increase(1);
@@ -429,6 +432,7 @@ absl::Status CachingAllocator::Free(void* ptr) {
   allocated_blocks_.erase(block->ptr);
   block->allocated = false;
   stats_.allocated_bytes.Decrease(static_cast<int64_t>(block->size));
+  allocated_now_.store(stats_.allocated_bytes.current, std::memory_order_relaxed);
   stats_.requested_bytes.Decrease(static_cast<int64_t>(block->requested_size));
   stats_.allocation_count.Decrease(1);
   block->requested_size = 0;
@@ -660,6 +664,17 @@ size_t CachingAllocator::LargestFreeBlockLocked() const {
 AllocatorStats CachingAllocator::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+size_t CachingAllocator::MarkHighWater() {
+  const int64_t now = allocated_now_.load(std::memory_order_relaxed);
+  high_water_.store(now, std::memory_order_relaxed);
+  return static_cast<size_t>(now);
+}
+
+std::pair<size_t, size_t> CachingAllocator::HighWaterSinceMark() const {
+  const int64_t now = allocated_now_.load(std::memory_order_relaxed);
+  return {static_cast<size_t>(std::max(high_water_.load(std::memory_order_relaxed), now)), static_cast<size_t>(now)};
 }
 
 void CachingAllocator::ResetPeakStats() {

@@ -23,6 +23,7 @@
 
 #include "allocator/eviction_strategy.h"
 #include "runtime/bytes.h"
+#include "runtime/sim/trace.h"
 
 namespace dtr::hooks {
 
@@ -53,7 +54,7 @@ absl::Status Engine::Init() {
     if (!path.ok()) return path.status();
     trace_.open(*path, std::ios::out | std::ios::trunc);
     if (!trace_) return absl::InvalidArgumentError("dtr: cannot open DTR_TRACE_FILE " + *path);
-    trace_ << "dtr-trace 1\n# written by libdtr_torch\n";
+    trace_ << "dtr-trace " << sim::kTraceVersion << "\n# written by libdtr_torch\n";  // Note [Trace format]
   }
   return absl::OkStatus();
 }
@@ -648,6 +649,15 @@ void Engine::AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* f
   if (e->slot) e->slot->entry = nullptr;  // the tombstone
   e->slot = ns;
   target->set_data_ptr_noswap(std::move(dp));
+}
+
+alloc::CachingAllocator* Engine::ScratchAllocator() {
+  if (managed_ == ManagedDevice::kCpu) return alloc_.get();
+#if DTR_WITH_CUDA
+  if (cuda_ != nullptr && cuda_->backend() == CudaBackendKind::kDtr && cuda_->initialized())
+    return cuda_->DtrAllocatorOf(c10::cuda::current_device());
+#endif
+  return nullptr;
 }
 
 alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,

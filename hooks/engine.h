@@ -405,6 +405,32 @@ class Engine final : public ReplayBackend,
     Engine* e_;
     double t0_, search0_, remat0_;
   };
+  // Note [Scratch memory] (runtime/runtime.cc): an op's workspace is the allocator's high-water
+  // mark while it runs above what it started and ended with. Ops running at the same time on
+  // other threads add to it; it feeds statistics and traces, not the budget, which the allocator
+  // enforces. last_scratch_ is that of the op the fallback ran last.
+  class ScratchMeter {
+   public:
+    explicit ScratchMeter(alloc::CachingAllocator* a) : a_(a), start_(a != nullptr ? a->MarkHighWater() : 0) {}
+    uint64_t Bytes() const {
+      if (a_ == nullptr) return 0;
+      const auto [most, now] = a_->HighWaterSinceMark();
+      const size_t held = std::max(start_, now);
+      return most > held ? most - held : 0;
+    }
+
+   private:
+    alloc::CachingAllocator* a_;
+    size_t start_;
+  };
+  // The allocator of the managed device whose high-water mark ScratchMeter reads; none for
+  // PyTorch's own CUDA allocator (DTR_CUDA_ALLOCATOR=native) or before CUDA is initialized.
+  alloc::CachingAllocator* ScratchAllocator();
+  uint64_t last_scratch_ = 0;
+  // An op line's cost, with the op's scratch memory when it had any (Note [Trace format]).
+  std::string TraceCost(double cost) const {
+    return last_scratch_ > 0 ? absl::StrCat(int64_t(cost), " scratch=", last_scratch_) : absl::StrCat(int64_t(cost));
+  }
   int next_trace_id_ = 0;
   std::ofstream trace_;
   // Note [Unevictable memory by reason]: interned reasons (0 is ""), and the snapshot at the

@@ -72,7 +72,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Runs the op; returns its cost, excluding time spent evicting for its allocations.
   auto timed_pass = [&]() -> double {
     const double t0 = NowNs(), search0 = search_ns_;
+    ScratchMeter scratch(ScratchAllocator());  // Note [Scratch memory]
     pass();
+    last_scratch_ = scratch.Bytes();
     const double cost = NowNs() - t0 - (search_ns_ - search0);
     exec_ns_ += cost;
     return cost;
@@ -285,6 +287,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         err = std::current_exception();
         return absl::InternalError("op threw");
       }
+      rt_->ReportScratch(last_scratch_);  // Note [Scratch memory]
       return cost;
     });
     if (!s.ok() || err) {
@@ -306,9 +309,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       std::string outs;
       for (StorageId w : written)
         if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
-      // Note [Trace format v1]: how the runtime recorded it.
+      // Note [Trace format]: how the runtime recorded it.
       const char* kind = !replayable ? "mutate-opaque " : mc.overwrites ? "overwrite " : "mutate ";
-      TraceLine(absl::StrCat(kind, info.name, " ", int64_t(cost), trace_ins(), " ->", outs));
+      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost), trace_ins(), " ->", outs));
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
@@ -336,7 +339,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
       (void)cost;
     } else {
-      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
     }
     return;
   }
@@ -417,7 +420,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     it->second.seeded_no_gen = true;
     delete rr;
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
     return;
   }
 
@@ -489,12 +492,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     delete rr;
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", int64_t(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
     return;
   }
   absl::InlinedVector<uint64_t, 2> sizes;
   for (const auto& o : outs) sizes.push_back(o.nbytes);
   Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
+  call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
     delete rr;
@@ -518,7 +522,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
-  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", int64_t(cost), trace_ins(), " ->", trace_outs));
+  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost), trace_ins(), " ->", trace_outs));
 }
 
 void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,

@@ -38,7 +38,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, reads, &inputs); !s.ok()) return s;
   auto unlock_inputs = [&] { UnlockAll(inputs); };
-  NoteFloor(inputs, 0);
+  NoteOpBytes(inputs, 0, call.scratch_bytes);
   absl::InlinedVector<StorageId, 2> mutated;
   for (StorageId m : call.mutated)
     if (!ContainsValue(mutated, m)) mutated.push_back(m);
@@ -47,6 +47,13 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     unlock_inputs();
     return s;
   }
+  // Note [Scratch memory]
+  if (absl::Status s = Reserve(call.scratch_bytes, "scratch memory of ", call.name); !s.ok()) {
+    unlock_inputs();
+    return s;
+  }
+  UpdatePeak(call.scratch_bytes);
+  reported_scratch_ = 0;
   absl::StatusOr<double> cost = execute();
   if (!cost.ok()) {
     // The contents of the mutated storages are unknown now: they cannot be replayed.
@@ -54,6 +61,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     unlock_inputs();
     return cost.status();
   }
+  const uint64_t scratch = MeasuredScratch(inputs, 0, call.scratch_bytes);
   AdvanceClock(*cost);
   ++stats_.ops_recorded;
   stats_.base_cost += *cost;
@@ -70,6 +78,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     op.outputs.push_back(m);
     op.output_sizes.push_back(rec(m).size);
     op.cost = *cost;
+    op.scratch_bytes = scratch;
     op.handle = call.handle;
     op.in_place = true;
     op.overwrites = overwrites;

@@ -99,6 +99,8 @@ struct OpRecord {
   absl::InlinedVector<StorageId, 2> outputs;  // storages written (created or mutated in place)
   absl::InlinedVector<uint64_t, 2> output_sizes;  // bytes each output occupies while replaying
   double cost = 0;
+  // Note [Scratch memory]: bytes the op held beyond its inputs and outputs while it ran.
+  uint64_t scratch_bytes = 0;
   uint64_t handle = 0;      // opaque to the runtime: the backend's replay handle
   bool in_place = false;    // mutates outputs[0] (a recipe continuation) instead of creating it
   // In place, but writes all of outputs[0] without reading it: first in its recipe, and its replay

@@ -123,8 +123,9 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
     replay_bytes += op.output_sizes[i];
   }
-  if (absl::Status s = Reserve(replay_bytes, "rematerializing ", op.name); !s.ok()) return s;
-  UpdatePeak(replay_bytes);
+  // Note [Scratch memory]: the replay needs the op's workspace again.
+  if (absl::Status s = Reserve(replay_bytes + op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
+  UpdatePeak(replay_bytes + op.scratch_bytes);
   absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
   if (!cost.ok()) return cost.status();
   ++stats_.replays;
@@ -148,8 +149,12 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
 
 absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
   OpId op_id = rec(id).recipe[stage];
+  const OpRecord& op = ops_[op_id];
+  // Note [Scratch memory]
+  if (absl::Status s = Reserve(op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
+  UpdatePeak(op.scratch_bytes);
   bool keep_one[1] = {true};
-  absl::StatusOr<double> cost = backend_->Replay(op_id, ops_[op_id], absl::MakeConstSpan(keep_one, 1));
+  absl::StatusOr<double> cost = backend_->Replay(op_id, op, absl::MakeConstSpan(keep_one, 1));
   if (!cost.ok()) return cost.status();
   ++stats_.replays;
   stats_.remat_cost += *cost;

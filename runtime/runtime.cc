@@ -98,6 +98,40 @@ void Runtime::NoteFloor(const InputList& inputs, uint64_t out_bytes) {
   stats_.floor_bytes = std::max(stats_.floor_bytes, floor);
 }
 
+// Note [Scratch memory]
+// Many kernels allocate a workspace and free it before they return: CPU convolution's unfolded
+// columns, cuDNN's and cuBLAS's workspaces, a reduction's partial sums. While the op runs the
+// budget must hold it beside the op's inputs and outputs, so it is part of the op's working set
+// (the largest op, the memory floor, the peak), but afterwards there is nothing to evict. The
+// torch layer measures it for every op (the allocator's high-water mark during the op above
+// what the op started and ended with, Engine::ScratchMeter) and writes it into traces
+// (`scratch=BYTES`, Note [Trace format]); a call that knows it beforehand (dtr-sim replaying a
+// trace) makes room for it with the outputs, and an op that learns it while running reports it
+// (ReportScratch). Either way the op's record keeps it and a replay makes room for it first.
+// In real runs the allocator enforces the budget, so a workspace is made room for when it is
+// allocated; what this changes there is the statistics. In dtr-sim it is the difference between
+// a budget that holds the workspaces and one that does not: see the measurements in
+// runtime/README.md ("Scratch memory").
+void Runtime::NoteOpBytes(const InputList& inputs, uint64_t out_bytes, uint64_t scratch_bytes) {
+  uint64_t op_bytes = out_bytes + scratch_bytes;
+  for (StorageId in : inputs) op_bytes += rec(in).size;
+  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
+  NoteFloor(inputs, out_bytes + scratch_bytes);
+}
+
+uint64_t Runtime::MeasuredScratch(const InputList& inputs, uint64_t out_bytes, uint64_t known) {
+  const uint64_t reported = std::exchange(reported_scratch_, 0);
+  if (reported <= known) return known;
+  // Learned while the op ran. Its outputs are in memory_ already and not in the pool yet, so the
+  // floor counts them without being told, as NoteOpBytes did before the op ran.
+  UpdatePeak(reported);
+  NoteFloor(inputs, reported);
+  uint64_t op_bytes = out_bytes + reported;
+  for (StorageId in : inputs) op_bytes += rec(in).size;
+  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
+  return reported;
+}
+
 // ---- Recording ------------------------------------------------------------------------------
 
 absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
@@ -143,11 +177,9 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   auto unlock_inputs = [&] { UnlockAll(inputs); };
   uint64_t out_bytes = 0;
   for (uint64_t size : call.output_sizes) out_bytes += size;
-  uint64_t op_bytes = out_bytes;
-  for (StorageId in : inputs) op_bytes += rec(in).size;
-  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
-  NoteFloor(inputs, out_bytes);
-  if (absl::Status s = Reserve(out_bytes, "outputs of ", call.name); !s.ok()) {
+  NoteOpBytes(inputs, out_bytes, call.scratch_bytes);
+  // Note [Scratch memory]: room for the workspace too, while the inputs are locked.
+  if (absl::Status s = Reserve(out_bytes + call.scratch_bytes, "outputs of ", call.name); !s.ok()) {
     unlock_inputs();
     return s;
   }
@@ -161,8 +193,9 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     outputs.push_back(storages_.Insert(std::move(r)));
   }
   memory_ += out_bytes;
-  UpdatePeak(0);
+  UpdatePeak(call.scratch_bytes);
 
+  reported_scratch_ = 0;
   absl::StatusOr<double> cost = execute(absl::MakeConstSpan(outputs));
   if (!cost.ok()) {
     for (StorageId out : outputs) storages_.Erase(out);
@@ -170,6 +203,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     unlock_inputs();
     return cost.status();
   }
+  const uint64_t scratch = MeasuredScratch(inputs, out_bytes, call.scratch_bytes);
   AdvanceClock(*cost);
   ++stats_.ops_recorded;
   stats_.base_cost += *cost;
@@ -181,6 +215,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     op.outputs.assign(outputs.begin(), outputs.end());
     op.output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());
     op.cost = *cost;
+    op.scratch_bytes = scratch;
     op.handle = call.handle;
     op.recipe_users = uint32_t(outputs.size());
     OpId op_id = ops_.Insert(std::move(op));

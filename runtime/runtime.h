@@ -54,6 +54,9 @@ class Runtime {
     absl::Span<const uint64_t> output_sizes; // one per new output storage
     bool replayable = true;                  // false: outputs become constants
     uint64_t handle = 0;                     // the backend's replay handle
+    // Note [Scratch memory]: workspace the op allocates and frees while it runs, when known
+    // beforehand (a trace); a backend that measures it reports it with ReportScratch.
+    uint64_t scratch_bytes = 0;
   };
   // Runs one op that creates new storages: rematerializes and locks its inputs, makes room for
   // its outputs, calls `execute` with the new output ids (it returns the measured cost), then
@@ -77,6 +80,7 @@ class Runtime {
     // Set to whether the runtime recorded the op, taking over `handle` (ReplayBackend::
     // OnOpDropped is called for it, perhaps before Mutate returns).
     bool* recorded = nullptr;
+    uint64_t scratch_bytes = 0;  // as OpCall::scratch_bytes
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
@@ -98,6 +102,10 @@ class Runtime {
   // whose recipe holds the op, and their evicted components, see the change. NotFound for an op
   // that was dropped meanwhile.
   absl::Status AddOpCost(OpId id, double delta);
+  // Called from inside an op's `execute` (Compute, Mutate): the op held `bytes` of scratch
+  // memory beyond its inputs and outputs (Note [Scratch memory]). The op's record keeps the
+  // larger of this and the call's scratch_bytes, so its replays make room for it.
+  void ReportScratch(uint64_t bytes) { reported_scratch_ = std::max(reported_scratch_, bytes); }
 
   // ---- Memory (eviction_search.cc) ---------------------------------------------------------
   // Evicts until memory() + bytes <= budget, or fails with ResourceExhausted explaining what
@@ -159,6 +167,10 @@ class Runtime {
   void Touch(StorageId id) { rec(id).last_access = now_; }
   void AdvanceClock(double cost);
   void UpdatePeak(uint64_t transient);
+  // Note [Scratch memory]: the largest op and the floor, counting the op's workspace; and the
+  // scratch an op reported while it ran, if more than it was known to need.
+  void NoteOpBytes(const InputList& inputs, uint64_t out_bytes, uint64_t scratch_bytes);
+  uint64_t MeasuredScratch(const InputList& inputs, uint64_t out_bytes, uint64_t known);
   void NoteFloor(const InputList& inputs, uint64_t out_bytes);
 
   // Dependencies and dependents over live recipes (Note [Recipes]); neighborhoods.cc.
@@ -259,6 +271,7 @@ class Runtime {
   uint64_t pool_bytes_ = 0;
   uint64_t evicted_count_ = 0;
   double now_ = 0;
+  uint64_t reported_scratch_ = 0;  // ReportScratch during the op being executed
   uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
   static constexpr size_t kCarriedCandidates = 16;
   std::vector<StorageId> carried_;                     // Note [Victim search]

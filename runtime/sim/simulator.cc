@@ -221,6 +221,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         for (StorageId s : inputs)
           if (std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
         Runtime::OpCall call{e.name, inputs, sizes, e.kind == EventKind::kCall, handle};
+        call.scratch_bytes = e.scratch;  // Note [Scratch memory]
         auto outs = rt.Compute(call, [&](absl::Span<const StorageId> new_storages) -> absl::StatusOr<double> {
           if (absl::Status s = backend.Created(handle, distinct, new_storages, sizes); !s.ok()) return s;
           return e.cost;
@@ -250,6 +251,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         for (int t : e.mutated) mutated.push_back(*storage_of(t));
         Runtime::MutateCall call{e.name, inputs, mutated, e.replayable, handle};
         call.overwrites = e.overwrites;
+        call.scratch_bytes = e.scratch;
         status = rt.Mutate(call, [&]() -> absl::StatusOr<double> {
           for (StorageId m : mutated) {
             others.clear();

@@ -1,4 +1,4 @@
-// Trace parsing and writing; see Note [Trace format v1] in trace.h.
+// Trace parsing and writing; see Note [Trace format] in trace.h.
 #include "runtime/sim/trace.h"
 
 #include <sstream>
@@ -23,18 +23,17 @@ class Parser {
       if (line.empty() || line[0] == '#') continue;
       std::vector<absl::string_view> tok = absl::StrSplit(line, ' ', absl::SkipWhitespace());
       if (!seen_header) {
-        int version = 0;
-        if (tok.size() != 2 || tok[0] != "dtr-trace" || !absl::SimpleAtoi(tok[1], &version))
+        if (tok.size() != 2 || tok[0] != "dtr-trace" || !absl::SimpleAtoi(tok[1], &version_))
           return Error("the first line must be 'dtr-trace <version>'");
-        if (version != kTraceVersion)
-          return Error(absl::StrCat("unsupported trace version ", version, "; this build reads version ",
-                                    kTraceVersion));
+        if (version_ < kOldestTraceVersion || version_ > kTraceVersion)
+          return Error(absl::StrCat("unsupported trace version ", version_, "; this build reads versions ",
+                                    kOldestTraceVersion, " to ", kTraceVersion));
         seen_header = true;
         continue;
       }
       if (absl::Status s = ParseEvent(tok); !s.ok()) return s;
     }
-    if (!seen_header) return absl::InvalidArgumentError("empty trace: no 'dtr-trace 1' header");
+    if (!seen_header) return absl::InvalidArgumentError("empty trace: no 'dtr-trace <version>' header");
     return std::move(trace_);
   }
 
@@ -70,7 +69,7 @@ class Parser {
     return v;
   }
 
-  absl::Status ParseEvent(const std::vector<absl::string_view>& tok) {
+  absl::Status ParseEvent(std::vector<absl::string_view>& tok) {
     TraceEvent e;
     absl::string_view kind = tok[0];
     if (kind == "const") {
@@ -95,6 +94,14 @@ class Parser {
       if (!cost.ok()) return cost.status();
       e.cost = *cost;
       size_t i = 3;
+      // Note [Trace format]: tensor names never hold '=', so the optional field is unambiguous.
+      if (i < tok.size() && absl::ConsumePrefix(&tok[i], "scratch=")) {
+        if (version_ < 2) return Error("'scratch=' needs trace version 2");
+        auto scratch = Size(tok[i]);
+        if (!scratch.ok()) return scratch.status();
+        e.scratch = *scratch;
+        ++i;
+      }
       for (; i < tok.size() && tok[i] != "->"; ++i) {
         auto t = Use(tok[i]);
         if (!t.ok()) return t.status();
@@ -160,6 +167,7 @@ class Parser {
   Trace trace_;
   absl::flat_hash_map<std::string, int> ids_;
   int line_no_ = 0;
+  int version_ = 0;
 };
 
 }  // namespace
@@ -185,6 +193,7 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
                            : e.overwrites                 ? "overwrite "
                                                           : "mutate ";
         out << word << e.name << " " << e.cost;
+        if (e.scratch > 0) out << " scratch=" << e.scratch;
         for (int in : e.inputs) out << " " << names[in];
         out << " ->";
         if (e.kind == EventKind::kMutate) {

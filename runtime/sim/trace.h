@@ -2,11 +2,11 @@
 // (op calls with their inputs, outputs, sizes, costs and aliasing; in-place ops; reference
 // copies and drops). The torch layer writes it (DTR_TRACE_FILE); dtr-sim replays it.
 //
-// Note [Trace format v1]
-//   dtr-trace 1                                  first non-comment line: magic and version
+// Note [Trace format]
+//   dtr-trace 2                                  first non-comment line: magic and version
 //   # anything                                   comment (also blank lines)
 //   const T BYTES                                a constant storage (parameter, input) named T
-//   call NAME COST IN... -> OUT...               an op; each OUT is T:BYTES (new storage) or
+//   call NAME COST [scratch=B] IN... -> OUT...   an op; each OUT is T:BYTES (new storage) or
 //                                                T=BASE (a view of BASE's storage)
 //   opaque NAME COST IN... -> OUT...             like call, but not replayable (outputs are
 //                                                constants: an op that cannot be replayed)
@@ -19,6 +19,10 @@
 //   release T                                    the program dropped its reference T
 // Tensor names are tokens without whitespace, ':' or '='; every name is defined once (the
 // torch layer numbers them). COST is a non-negative number in clock units (ns for real runs).
+// Every op line (call, opaque, mutate, mutate-opaque, overwrite) may give, right after COST,
+// `scratch=B`: the bytes of workspace the op held beyond its inputs and outputs while it ran
+// (Note [Scratch memory], runtime.cc); absent means 0. Version 1 is version 2 without it, and
+// is still read.
 // A new tensor holds one reference; a storage lives while any of its tensors is referenced.
 #ifndef DTR_RUNTIME_SIM_TRACE_H_
 #define DTR_RUNTIME_SIM_TRACE_H_
@@ -33,7 +37,8 @@
 
 namespace dtr::sim {
 
-inline constexpr int kTraceVersion = 1;
+inline constexpr int kTraceVersion = 2;
+inline constexpr int kOldestTraceVersion = 1;
 
 enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease };
 
@@ -47,6 +52,7 @@ struct TraceEvent {
   EventKind kind;
   std::string name;          // op name (call/opaque/mutate)
   double cost = 0;
+  uint64_t scratch = 0;      // call/opaque/mutate: Note [Scratch memory]
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)
   std::vector<TraceOutput> outputs;  // call/opaque: outputs; const: one output
   std::vector<int> mutated;  // mutate: written tensors, a subset of inputs

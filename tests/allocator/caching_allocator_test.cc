@@ -103,6 +103,27 @@ TEST(CachingAllocatorTest, SmallRequestsAreRoundedAndShareASmallSegment) {
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
+// Note [Scratch memory] (runtime/runtime.cc): an op's workspace is the high-water mark above
+// what it started and ended with; measuring it leaves the reported peak alone.
+TEST(CachingAllocatorTest, HighWaterMarkMeasuresAWorkspaceWithoutTouchingThePeak) {
+  FakeBackend backend;
+  auto allocator = MakeAllocator(AllocatorConfig{}, &backend);
+  void* big = *allocator->Allocate(8192);
+  DTR_EXPECT_OK(allocator->Free(big));  // peak 8 KiB
+  void* input = *allocator->Allocate(1024);
+  EXPECT_EQ(allocator->MarkHighWater(), 1024u);
+  void* out = *allocator->Allocate(2048);
+  void* workspace = *allocator->Allocate(4096);
+  DTR_EXPECT_OK(allocator->Free(workspace));
+  EXPECT_EQ(allocator->HighWaterSinceMark(), (std::pair<size_t, size_t>{1024 + 2048 + 4096, 1024 + 2048}));
+  EXPECT_EQ(allocator->GetStats().allocated_bytes.peak, 8192);
+  EXPECT_EQ(allocator->MarkHighWater(), 1024u + 2048);
+  DTR_EXPECT_OK(allocator->Free(out));
+  EXPECT_EQ(allocator->HighWaterSinceMark(), (std::pair<size_t, size_t>{1024 + 2048, 1024}));
+  DTR_EXPECT_OK(allocator->Free(input));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
 TEST(CachingAllocatorTest, LargeRequestsUseTwentyMiBSegmentsOrRoundToTwoMiB) {
   FakeBackend backend;
   auto allocator = MakeAllocator(AllocatorConfig{}, &backend);

@@ -123,12 +123,49 @@ def test_trace_file_replays_in_simulator(tmp_path):
     f = tmp_path / "trace.txt"
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f.read_text().startswith("dtr-trace 1")
+    assert f.read_text().startswith("dtr-trace 2")
     sim = os.path.join(build_dir(), "bin", "dtr-sim")
     assert os.path.exists(sim), f"{sim} is not built (scripts/test.sh builds it; BUILD_DIR names the build)"
     p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "ok" in p.stdout, p.stdout[-2000:]
+
+
+def test_trace_gives_each_ops_scratch_memory(tmp_path):
+    """Note [Scratch memory]: CPU convolution allocates a workspace it frees before returning.
+    The trace says how much, right after the op's cost, and dtr-sim counts it: a budget below the
+    convolution's inputs, output and workspace cannot work, while the same trace without the
+    workspaces simulates under it."""
+    f = tmp_path / "trace.txt"
+    r = run([PY, TRAIN, "cnn"], preload=True, DTR_TRACE_FILE=str(f))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = f.read_text().splitlines()
+    scratch = {}
+    for line in lines:
+        tok = line.split()
+        if tok and tok[0] in ("call", "opaque", "mutate", "overwrite", "mutate-opaque") and len(tok) > 3 \
+                and tok[3].startswith("scratch="):
+            scratch.setdefault(tok[1], []).append(int(tok[3][len("scratch="):]))
+    convs = [line for line in lines if line.startswith("call aten::convolution ")]
+    assert convs and len(scratch.get("aten::convolution", [])) == len(convs), (convs[:3], scratch)
+    assert min(scratch["aten::convolution"]) > 0
+    sim = os.path.join(build_dir(), "bin", "dtr-sim")
+    stripped = tmp_path / "without_scratch.txt"
+    stripped.write_text("\n".join(" ".join(t for t in line.split() if not t.startswith("scratch="))
+                                  for line in lines) + "\n")
+
+    def simulate(trace, *args):
+        p = subprocess.run([sim, "--trace", str(trace), *args], capture_output=True, text=True, timeout=120)
+        result = json.loads(p.stdout.splitlines()[-1])
+        assert p.returncode == (0 if result["status"] == "ok" else 1), p.stdout[-2000:] + p.stderr[-2000:]
+        return result
+
+    with_scratch, without = simulate(f), simulate(stripped)
+    floor, floor_without = with_scratch["stats"]["floor_bytes"], without["stats"]["floor_bytes"]
+    assert floor > floor_without, (floor, floor_without)
+    assert with_scratch["peak_bytes"] >= without["peak_bytes"]
+    assert simulate(f, "--budget", str(floor - 1))["status"] == "oom"
+    assert simulate(stripped, "--budget", str(floor - 1))["status"] == "ok"
 
 
 def test_numpy_tolist_of_evicted_tensors():

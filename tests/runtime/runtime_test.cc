@@ -22,6 +22,7 @@ class FakeBackend : public ReplayBackend {
   std::vector<std::vector<bool>> keeps;      // keep masks, in order
   std::vector<std::pair<StorageId, bool>> releases;
   std::vector<std::string> dropped_ops;
+  std::vector<uint64_t> memory_at_replays;   // the runtime's memory() as each replay starts
   bool fail_replays = false;
 
   absl::StatusOr<double> Replay(OpId, const OpRecord& op, absl::Span<const bool> keep) override {
@@ -33,6 +34,7 @@ class FakeBackend : public ReplayBackend {
     }
     replays.emplace_back(op.name);
     keeps.emplace_back(keep.begin(), keep.end());
+    memory_at_replays.push_back(runtime->memory());
     return op.cost;
   }
   void Release(StorageId id, const StorageRecord&, bool permanently) override {
@@ -440,6 +442,67 @@ TEST_F(RuntimeTest, FloorIsUnevictableBytesPlusTheWorstOpsOperands) {
   ASSERT_TRUE(rt_->DropRef(a).ok());  // evicted eagerly
   Op1("c", {b}, 5);
   EXPECT_EQ(rt_->stats().floor_bytes, 7u + 10 + 20);  // c needed 7 + 20 + 5 only
+  Check();
+}
+
+// Note [Scratch memory]: an op's workspace is room the budget must hold while the op runs, when
+// it first runs and when it is replayed, and part of its working set, but never resident after.
+TEST_F(RuntimeTest, ScratchMemoryIsMadeRoomForWhenTheOpRunsAndWhenItIsReplayed) {
+  Make(40);
+  StorageId x = Const(5);
+  std::vector<StorageId> in{x};
+  std::vector<uint64_t> sizes{10};
+  Runtime::OpCall conv{"conv", in, sizes, true, 0};
+  conv.scratch_bytes = 15;
+  auto a = rt_->Compute(conv, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(rt_->memory(), 15u);  // the workspace is gone once the op returns
+  EXPECT_EQ(rt_->stats().peak_memory_bytes, 30u);
+  EXPECT_EQ(rt_->stats().floor_bytes, 30u);
+  EXPECT_EQ(rt_->stats().largest_op_bytes, 30u);
+  EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[0])->scratch_bytes, 15u);
+  StorageId b = Op1("b", {(*a)[0]}, 10);
+  Op1("c", {b}, 10);
+  ASSERT_EQ(rt_->memory(), 35u);
+  ASSERT_TRUE(rt_->Evict((*a)[0]).ok());
+  const uint64_t evictions = rt_->stats().evictions;
+  // 25 resident: replaying conv needs its 10-byte output and 15 bytes of workspace, so 10 more
+  // must go first (without the workspace, 35 would have fit).
+  ASSERT_TRUE(rt_->Access((*a)[0]).ok());
+  ASSERT_EQ(backend_.replays, std::vector<std::string>{"conv"});
+  EXPECT_LE(backend_.memory_at_replays[0] + 10 + 15, 40u);
+  EXPECT_EQ(rt_->stats().evictions, evictions + 1);
+  EXPECT_LE(rt_->stats().peak_memory_bytes, 40u);
+  Check();
+}
+
+TEST_F(RuntimeTest, ScratchMemoryLearnedWhileTheOpRunsIsKept) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(5);
+  auto a = rt_->Compute({"conv", std::vector<StorageId>{x}, std::vector<uint64_t>{10}, true, 0},
+                        [&](absl::Span<const StorageId>) -> absl::StatusOr<double> {
+                          rt_->ReportScratch(60);
+                          rt_->ReportScratch(40);  // the largest report wins
+                          return 1.0;
+                        });
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[0])->scratch_bytes, 60u);
+  EXPECT_EQ(rt_->stats().peak_memory_bytes, 75u);
+  EXPECT_EQ(rt_->stats().floor_bytes, 75u);
+  EXPECT_EQ(rt_->stats().largest_op_bytes, 75u);
+  // An in-place op: the larger of what the call knew and what it reported.
+  std::vector<StorageId> ins{(*a)[0], x}, mutated{(*a)[0]};
+  Runtime::MutateCall add{"add_", ins, mutated};
+  add.scratch_bytes = 30;
+  ASSERT_TRUE(rt_->Mutate(add, [&]() -> absl::StatusOr<double> {
+                    rt_->ReportScratch(20);
+                    return 1.0;
+                  }).ok());
+  ASSERT_EQ(rt_->storage((*a)[0])->recipe.size(), 2u);
+  EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[1])->scratch_bytes, 30u);
+  // A report does not outlive its op.
+  StorageId b = Op1("b", {(*a)[0]}, 10);
+  EXPECT_EQ(rt_->op(rt_->storage(b)->recipe[0])->scratch_bytes, 0u);
   Check();
 }
 

@@ -3,6 +3,7 @@
 #include "runtime/sim/simulator.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/sim/generators.h"
@@ -115,6 +116,42 @@ TEST(Simulator, DtrHeuristicsFitTheChainAtHalfItsPeakWithRematerialization) {
     EXPECT_GT(result->stats.rematerializations, 0u);
     EXPECT_LT(result->compute_ratio(), 2.0) << HeuristicName(h);
   }
+}
+
+// Note [Scratch memory]: a trace's workspaces count toward the peak and the floor, and a budget
+// must hold them when the op runs and when it is replayed.
+TEST(Simulator, ScratchMemoryCountsTowardPeakFloorAndBudget) {
+  const char* body = R"(
+const x 10
+call conv 5 SCRATCH x -> a:40
+call relu 1 a -> b:40
+release a
+call head 1 b -> y:10
+release b
+call grad 1 y x -> g:40
+)";
+  auto with = ParseTrace(absl::StrCat("dtr-trace 2", absl::StrReplaceAll(body, {{"SCRATCH", "scratch=50"}})));
+  auto without = ParseTrace(absl::StrCat("dtr-trace 2", absl::StrReplaceAll(body, {{"SCRATCH", ""}})));
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  auto peak_with = UnconstrainedPeak(*with), peak_without = UnconstrainedPeak(*without);
+  ASSERT_TRUE(peak_with.ok() && peak_without.ok());
+  EXPECT_EQ(*peak_without, 10u + 40 + 40);  // relu: x, a, b
+  EXPECT_EQ(*peak_with, 10u + 40 + 50);     // conv: x, a and its workspace
+  auto sim = [&](const Trace& t, uint64_t budget) {
+    auto r = Simulate(t, Options(budget, HeuristicKind::kDtr));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  };
+  SimResult with_at_100 = sim(*with, 100), without_at_90 = sim(*without, 90);
+  EXPECT_TRUE(with_at_100.ok) << with_at_100.error;
+  EXPECT_TRUE(without_at_90.ok) << without_at_90.error;
+  EXPECT_EQ(with_at_100.stats.floor_bytes, 100u);
+  EXPECT_EQ(without_at_90.stats.floor_bytes, 90u);
+  // Below conv's working set (x, its output and its workspace) no schedule works.
+  SimResult with_at_99 = sim(*with, 99);
+  EXPECT_FALSE(with_at_99.ok);
+  EXPECT_THAT(with_at_99.error, HasSubstr("conv"));
 }
 
 TEST(Simulator, InfeasibleBudgetIsReportedAsOom) {

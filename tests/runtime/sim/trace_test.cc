@@ -66,6 +66,33 @@ mutate div_ 1 e -> e
   EXPECT_FALSE(ParseTrace("dtr-trace 1\nconst x 8\nconst y 8\noverwrite f 1 x y -> x y\n").ok());
 }
 
+// Note [Trace format]: an op's workspace, right after its cost; absent means none.
+TEST(Trace, OpsMayGiveTheirScratchMemory) {
+  auto trace = ParseTrace(R"(dtr-trace 2
+const x 8
+call conv 5 scratch=4096 x -> y:8
+call relu 1 y -> z:8
+opaque empty 0 scratch=16 -> e:8
+overwrite bernoulli_ 2 scratch=32 e -> e
+mutate add_ 1 scratch=64 e x -> e
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 6u);
+  EXPECT_EQ(trace->events[1].scratch, 4096u);
+  EXPECT_EQ(trace->events[1].inputs.size(), 1u);
+  EXPECT_EQ(trace->events[2].scratch, 0u);
+  EXPECT_EQ(trace->events[3].scratch, 16u);
+  EXPECT_EQ(trace->events[4].scratch, 32u);
+  EXPECT_EQ(trace->events[5].scratch, 64u);
+  EXPECT_EQ(trace->events[5].inputs.size(), 2u);
+  const std::string text = TraceToString(*trace);
+  EXPECT_THAT(text, HasSubstr("call conv 5 scratch=4096 x -> y:8\n"));
+  EXPECT_THAT(text, HasSubstr("call relu 1 y -> z:8\n"));
+  auto again = ParseTrace(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), text);
+}
+
 TEST(Trace, WriteThenParseRoundTrips) {
   auto trace = ParseTrace(kExample);
   ASSERT_TRUE(trace.ok());
@@ -91,7 +118,11 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
     const char* message;
   } cases[] = {
       {"call f 1 -> y:1\n", "first line"},
-      {"dtr-trace 2\n", "unsupported trace version 2"},
+      {"dtr-trace 3\n", "unsupported trace version 3"},
+      {"dtr-trace 0\n", "unsupported trace version 0"},
+      {"dtr-trace 1\nconst x 1\ncall f 1 scratch=8 x -> y:1\n", "'scratch=' needs trace version 2"},
+      {"dtr-trace 2\nconst x 1\ncall f 1 scratch=-8 x -> y:1\n", "bad byte size '-8'"},
+      {"dtr-trace 2\nconst x 1\ncall f 1 x scratch=8 -> y:1\n", "'scratch=8' is used before it is defined"},
       {"dtr-trace 1\nconst x\n", "line 2: expected 'const T BYTES'"},
       {"dtr-trace 1\ncall f 1 x -> y:1\n", "'x' is used before it is defined"},
       {"dtr-trace 1\nconst x 1\nconst x 1\n", "defined twice"},
