@@ -130,6 +130,7 @@ class CachingAllocator {
     Pool pool = Pool::kLarge;
     Stream stream;
     Block* head = nullptr;
+    bool releasable = false;  // counted in releasable_bytes_ (Note [Releasable bytes])
   };
   // Free sets are ordered by (stream, size, address) as in PyTorch's BlockComparator.
   struct BlockOrder {
@@ -169,7 +170,9 @@ class CachingAllocator {
   bool ExactReuseActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited;
   }
-  size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return releasable_bytes_; }
+  // Note [Releasable bytes]: recounts `segment` after its blocks changed.
+  void NoteReleasableLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanSatisfyLocked(size_t rounded, Pool pool, Stream stream, size_t extra_releasable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t LargestFreeBlockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -190,6 +193,7 @@ class CachingAllocator {
   std::unordered_map<uintptr_t, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]
   // MarkHighWater's peak and a copy of stats_.allocated_bytes.current: written under mu_, read
   // (and high_water_ restarted) without it.
   std::atomic<int64_t> high_water_{0}, allocated_now_{0};

@@ -39,7 +39,8 @@ struct EvictionRequest {
 struct EvictionResult {
   size_t bytes_freed = 0;     // sum of the sizes of the blocks the handler freed
   size_t blocks_freed = 0;
-  size_t pinned_bytes = 0;    // allocated bytes the handler could not evict (reported in OOMs)
+  size_t pinned_bytes = 0;    // allocated bytes the handler could not evict (reported in OOMs);
+                              // may be left 0 when satisfied (the report then asks PinnedBytes)
   bool satisfied = false;     // the handler believes the request now fits
 };
 

@@ -33,7 +33,10 @@ import bench_models  # noqa: E402
 
 DTR = hasattr(torch.ops, "dtr") and hasattr(torch.ops.dtr, "stats") and bool(torch.ops.dtr.is_active())
 COUNTERS = ("evictions", "eager_evictions", "rematerializations", "replays", "remat_seconds", "base_seconds",
-            "op_seconds", "search_seconds", "bookkeeping_seconds", "ops_recorded", "eviction_calls")
+            "op_seconds", "search_seconds", "bookkeeping_seconds", "ops_recorded", "eviction_calls",
+            "eviction_searches", "candidates_scored", "neighborhood_visits")
+# Counters kept in the runtime's part of the statistics (victim searches and their work).
+RUNTIME_COUNTERS = ("eviction_searches", "candidates_scored", "neighborhood_visits")
 
 
 _emit_lock = threading.Lock()
@@ -86,7 +89,9 @@ def sync(device):
 
 
 def dtr_stats():
-    return json.loads(torch.ops.dtr.stats())
+    s = json.loads(torch.ops.dtr.stats())
+    s.update({k: s["runtime"][k] for k in RUNTIME_COUNTERS if k in s.get("runtime", {})})
+    return s
 
 
 def is_oom(e):

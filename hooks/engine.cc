@@ -699,7 +699,8 @@ alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_de
     if (round.blocks_freed == 0) break;
   }
   res.satisfied = a.CanSatisfy(request);
-  res.pinned_bytes = rt_->UnevictableBytes();
+  // For the out-of-memory report only; a walk over the pool, so not on every call.
+  if (!res.satisfied) res.pinned_bytes = rt_->UnevictableBytes();
   return res;
 }
 

@@ -103,6 +103,22 @@ Runtime::PartialScore Runtime::StartScore(StorageId id) {
   return p;
 }
 
+double Runtime::PartialScore::CostLimit(double above) const {
+  double limit;
+  switch (kind) {
+    case HeuristicKind::kDtrEq:
+    case HeuristicKind::kDtr:
+      limit = above / damping * (in.size * in.staleness) - in.cost;
+      break;
+    case HeuristicKind::kMsps:
+      limit = above / damping * in.size - in.cost;
+      break;
+    default:
+      return -std::numeric_limits<double>::infinity();
+  }
+  return limit - std::abs(limit) * 1e-9;  // rounding: let Final decide near the boundary
+}
+
 double Runtime::ScoreUnchecked(StorageId id) {
   const PartialScore p = StartScore(id);
   return p.Final(NeighborhoodCost(id));

@@ -76,30 +76,54 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
   double cost = 0;
   const uint32_t epoch = NextWalkEpoch();
   std::vector<StorageId>& frontier = walk_frontier_;
-  std::vector<StorageId>& next = walk_next_;
   const size_t limit = config_.neighborhood_walk_limit == 0 ? SIZE_MAX : config_.neighborhood_walk_limit;
+  const double cost_limit = bound != nullptr ? bound->CostLimit(above) : 0;
   bool cut = false;
+  // Pushes n's evicted, not yet visited deps (upward) or dependents in the order Deps and
+  // Dependents list them, each once (Note [Bounded neighborhood walks]: the same visits in the
+  // same order as pushing the whole lists and skipping the others when popped).
+  auto push_neighbors = [&](StorageId n, bool upward) {
+    const size_t start = frontier.size();
+    auto push = [&](StorageId s, const StorageRecord& r) {
+      ++stats_.neighborhood_visits;
+      if (r.resident() || r.walk_epoch == epoch) return;
+      for (size_t i = start; i < frontier.size(); ++i)
+        if (frontier[i] == s) return;
+      frontier.push_back(s);
+    };
+    const StorageRecord& self_or_walked = rec(n);
+    if (upward) {
+      for (OpId op : self_or_walked.recipe)
+        for (StorageId in : ops_[op].inputs)
+          if (in != n) push(in, rec(in));
+      return;
+    }
+    for (OpId op_id : self_or_walked.readers)
+      for (StorageId o : ops_[op_id].outputs) {
+        if (o == n) continue;
+        const StorageRecord* r = storages_.Find(o);
+        if (r != nullptr && ContainsValue(r->recipe, op_id)) push(o, *r);
+      }
+  };
   // Sets `cut` and stops once the bound is exceeded: the rest cannot change the outcome.
   auto walk = [&](bool upward) {
     size_t taken = 0;
     frontier.clear();
-    if (upward) Deps(id, &frontier); else Dependents(id, &frontier);
+    push_neighbors(id, upward);
     while (!frontier.empty()) {
       StorageId n = frontier.back();
       frontier.pop_back();
-      ++stats_.neighborhood_visits;
       StorageRecord& r = rec(n);
-      if (r.resident() || r.walk_epoch == epoch) continue;
+      if (r.walk_epoch == epoch) continue;  // pushed twice, by two walked storages
       r.walk_epoch = epoch;
       any_evicted = true;
       cost += r.cost;
-      if (bound != nullptr && bound->Final(cost) > above) {
+      if (bound != nullptr && cost > cost_limit && bound->Final(cost) > above) {
         cut = true;
         return;
       }
       if (++taken == limit) break;
-      if (upward) Deps(n, &next); else Dependents(n, &next);
-      frontier.insert(frontier.end(), next.begin(), next.end());
+      push_neighbors(n, upward);
     }
   };
   walk(/*upward=*/true);
@@ -121,6 +145,12 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
 // On the seven benchmark traces (bench/results/activations.md) 256 gave the unbounded walk's
 // median compute ratios on ResNet, Transformer, UNet and the chain, and stayed within the
 // seed-to-seed spread on the others; a limit of 32 lost up to 4x on the TreeLSTM at r = 0.3.
+// A walk pushes only the evicted neighbors it has not visited yet, each once per walked storage
+// and in the order Deps and Dependents list them, so it visits and sums in the order of a walk
+// that pushes the whole lists and skips the rest when it pops them; and it tests the bound
+// against PartialScore::CostLimit before computing the score. Stop 31: identical dtr-sim results
+// on 480 runs (8 traces x dtr, msps, dtr-eq x 5 ratios x both search modes); the costliest of them
+// (the sweep's TreeLSTM at 0.4 of its peak under dtr) 12.2 s -> 9.85 s of simulation.
 uint32_t Runtime::NextWalkEpoch() {
   if (++walk_epoch_ == 0) {  // wrapped: no record may keep a mark from 2^32 walks ago
     storages_.ForEach([](StorageId, StorageRecord& r) { r.walk_epoch = 0; });

@@ -215,6 +215,10 @@ class Runtime {
       full.neighborhood_cost = neighborhood_cost;
       return Score(kind, full) * damping;
     }
+    // About the neighborhood cost above which Final exceeds `above`: a cheap test that a walk
+    // checks before Final itself (Note [Bounded victim search]). Either side of rounding is
+    // safe, since Final decides; -infinity for heuristics without a neighborhood term.
+    double CostLimit(double above) const;
   };
   PartialScore StartScore(StorageId id);
   // The neighborhood cost of `id` per neighborhood_. Given `bound`, a walk stops as soon as
@@ -282,7 +286,7 @@ class Runtime {
   std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
-  std::vector<StorageId> walk_frontier_, walk_next_;  // scratch for one neighborhood walk
+  std::vector<StorageId> walk_frontier_;  // scratch for one neighborhood walk
   uint32_t walk_epoch_ = 0;
   std::mt19937_64 rng_;
   mutable RuntimeStats stats_;
