@@ -39,6 +39,7 @@ absl::Status Engine::Init() {
   rc.dealloc = cfg_.dealloc;
   rc.search = cfg_.search;
   rc.max_replay_depth = cfg_.max_replay_depth;
+  rc.max_recompute_ratio = cfg_.max_recompute_ratio;
   auto rt = Runtime::Create(rc, this);
   if (!rt.ok()) return rt.status();
   rt_ = std::move(*rt);
@@ -74,6 +75,7 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
 void Engine::SetBudget(int64_t bytes) {
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
+  rt_->RestartRecomputationWindow();  // Note [Recomputation limit]: a new budget starts afresh
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {

@@ -327,7 +327,11 @@ class Engine final : public ReplayBackend,
   // Adds its lifetime to search_ns_ (Note [Where the time goes]).
   struct SearchClock {
     explicit SearchClock(Engine* e) : e_(e), t0_(NowNs()) {}
-    ~SearchClock() { e_->search_ns_ += NowNs() - t0_; }
+    ~SearchClock() {
+      const double dt = NowNs() - t0_;
+      e_->search_ns_ += dt;
+      e_->rt_->AddSearchCost(dt);  // Note [Recomputation limit] (runtime/remat.cc)
+    }
     Engine* e_;
     double t0_;
   };

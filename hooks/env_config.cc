@@ -1,5 +1,6 @@
 #include "hooks/env_config.h"
 
+#include <cmath>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,7 @@ namespace {
 const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLOCATOR", "DTR_HEURISTIC",  "DTR_DEALLOC",
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
-                              "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_MAX_RECOMPUTE", "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -48,7 +49,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", heuristic=", HeuristicName(heuristic), ", dealloc=", DeallocPolicyName(dealloc),
                       ", search=", SearchModeName(search), ", stats_file='", stats_file,
                       "', trace_file='", trace_file, "', verbose=", verbose,
-                      ", max_replay_depth=", max_replay_depth,
+                      ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -137,6 +138,14 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     if (!absl::SimpleAtoi(v, &n) || n < 1 || n > (int64_t(1) << 30))
       return Bad("DTR_MAX_REPLAY_DEPTH", v, "an integer from 1 to 1073741824 (default 1000)");
     c.max_replay_depth = uint32_t(n);
+  }
+  if (const char* v = getenv_fn("DTR_MAX_RECOMPUTE")) {
+    double x = 0;
+    if (!absl::SimpleAtod(v, &x) || !(x >= 0) || !std::isfinite(x))
+      return Bad("DTR_MAX_RECOMPUTE", v,
+                 "a number >= 0: the most recomputation, as a multiple of the program's own work, before a "
+                 "budget counts as too small (default 50; 0: no limit)");
+    c.max_recompute_ratio = x;
   }
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {

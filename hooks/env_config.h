@@ -63,6 +63,7 @@ struct DtrEnvConfig {
   std::string trace_file;
   int verbose = 0;
   uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
+  double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
   bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }

@@ -39,6 +39,10 @@ absl::Status RuntimeConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("thrash_damping must be >= 0, got ", thrash_damping));
   if (thrash_half_life_ops == 0) return absl::InvalidArgumentError("thrash_half_life_ops must be >= 1");
   if (max_replay_depth == 0) return absl::InvalidArgumentError("max_replay_depth must be >= 1");
+  if (!(max_recompute_ratio >= 0) || !std::isfinite(max_recompute_ratio))
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_recompute_ratio must be >= 0 (0: no limit), got ", max_recompute_ratio));
+  if (recompute_half_life_ops == 0) return absl::InvalidArgumentError("recompute_half_life_ops must be >= 1");
   return absl::OkStatus();
 }
 
@@ -46,10 +50,12 @@ std::string RuntimeConfig::ToString() const {
   return absl::StrFormat(
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "neighborhood_walk_limit=%d cut_losing_walks=%d "
-      "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d max_replay_depth=%d seed=%d",
+      "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d max_replay_depth=%d "
+      "max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
-      min_samples, max_samples, neighborhood_walk_limit, cut_losing_walks, small_storage_fraction, thrash_damping, thrash_half_life_ops, max_replay_depth, seed);
+      min_samples, max_samples, neighborhood_walk_limit, cut_losing_walks, small_storage_fraction, thrash_damping, thrash_half_life_ops, max_replay_depth,
+      max_recompute_ratio, recompute_half_life_ops, seed);
 }
 
 }  // namespace dtr

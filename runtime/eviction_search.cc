@@ -344,6 +344,7 @@ absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
   if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
   uint64_t old = config_.budget_bytes;
   config_.budget_bytes = budget_bytes;
+  RestartRecomputationWindow();  // Note [Recomputation limit]: a new budget starts afresh
   if (absl::Status s = Reserve(0, "the new budget"); !s.ok()) {
     config_.budget_bytes = old;
     return s;

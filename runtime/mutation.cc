@@ -65,6 +65,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   AdvanceClock(*cost);
   ++stats_.ops_recorded;
   stats_.base_cost += *cost;
+  NoteBaseCost(*cost);
   const bool overwrites = call.overwrites && mutated.size() == 1;
   if (call.replayable && mutated.size() == 1 && (rec(mutated[0]).rematerializable() || overwrites)) {
     StorageId m = mutated[0];

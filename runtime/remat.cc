@@ -6,6 +6,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
 
@@ -22,8 +23,42 @@ namespace dtr {
 // siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
 // duration of the replay.
 
+// Note [Recomputation limit]
+// Below the smallest budget a program can train at, dtr does not always run out of memory: it
+// may keep finding something to evict, and recompute it, for ever longer (a TreeLSTM trained at
+// 250x its plain step time in an early sweep; issue 16 asks for a clear error instead). So the
+// runtime keeps two sums over the recent ops, whose weights halve every
+// recompute_half_life_ops recorded ops: the cost of the ops the program ran (Compute, Mutate,
+// views' Access) and dtr's overhead, the cost of replays plus, in real runs, the time the
+// allocators spent choosing and evicting victims (AddSearchCost; on the CPU TreeLSTM near its
+// smallest budget the searches cost more than the replays). Before a replay, if the overhead is
+// more than max_recompute_ratio times the program's own work, it fails with ResourceExhausted
+// (torch's OutOfMemoryError at the torch boundary), saying how to lift the limit; nothing is
+// lost (the stack unwinds, Note [Rematerialization]). The overhead sum restarts then, and when
+// the budget changes, so a program that catches the error or raises its budget starts afresh.
+// Early in a run the window holds everything run so far, and a first cascade replays each op at
+// most once, so the limit does not fire before the program thrashes.
+
 using runtime_internal::ContainsValue;
 using runtime_internal::IdString;
+
+void Runtime::NoteBaseCost(double cost) {
+  window_base_cost_ = window_base_cost_ * window_decay_ + cost;
+  window_overhead_cost_ *= window_decay_;
+}
+
+absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
+  const double limit = config_.max_recompute_ratio;
+  if (limit <= 0 || window_overhead_cost_ <= limit * window_base_cost_) return absl::OkStatus();
+  const double ratio = window_base_cost_ > 0 ? window_overhead_cost_ / window_base_cost_ : 0;
+  window_overhead_cost_ = 0;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "dtr: the memory budget is too small to train at a useful speed: rematerializing and "
+      "choosing what to evict have cost %.0fx the program's own computation over the recent ops "
+      "(limit %gx, DTR_MAX_RECOMPUTE), and %s had to be replayed again. Raise the budget, or set DTR_MAX_RECOMPUTE=0 to allow any "
+      "slowdown (Note [Recomputation limit]).",
+      ratio, limit, op_name));
+}
 
 absl::Status Runtime::Materialize(StorageId target) {
   if (rec(target).resident()) return absl::OkStatus();
@@ -123,6 +158,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
     replay_bytes += op.output_sizes[i];
   }
+  if (absl::Status s = CheckRecomputation(op.name); !s.ok()) return s;  // Note [Recomputation limit]
   // Note [Scratch memory]: the replay needs the op's workspace again.
   if (absl::Status s = Reserve(replay_bytes + op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
   UpdatePeak(replay_bytes + op.scratch_bytes);
@@ -130,6 +166,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
   if (!cost.ok()) return cost.status();
   ++stats_.replays;
   stats_.remat_cost += *cost;
+  window_overhead_cost_ += *cost;
   AdvanceClock(*cost);
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (!keep[i]) continue;
@@ -150,6 +187,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
 absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
   OpId op_id = rec(id).recipe[stage];
   const OpRecord& op = ops_[op_id];
+  if (absl::Status s = CheckRecomputation(op.name); !s.ok()) return s;  // Note [Recomputation limit]
   // Note [Scratch memory]
   if (absl::Status s = Reserve(op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
   UpdatePeak(op.scratch_bytes);
@@ -158,6 +196,7 @@ absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
   if (!cost.ok()) return cost.status();
   ++stats_.replays;
   stats_.remat_cost += *cost;
+  window_overhead_cost_ += *cost;
   AdvanceClock(*cost);
   return absl::OkStatus();
 }

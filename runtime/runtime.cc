@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeConfig& co
 
 Runtime::Runtime(const RuntimeConfig& config, ReplayBackend* backend)
     : config_(config), backend_(backend), neighborhood_(InfoFor(config.heuristic).neighborhood),
-      rng_(config.seed) {}
+      rng_(config.seed), window_decay_(std::exp2(-1.0 / double(config.recompute_half_life_ops))) {}
 
 const RuntimeStats& Runtime::stats() const {
   stats_.memory_bytes = memory_;
@@ -207,6 +207,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   AdvanceClock(*cost);
   ++stats_.ops_recorded;
   stats_.base_cost += *cost;
+  NoteBaseCost(*cost);
 
   if (call.replayable && !outputs.empty()) {
     OpRecord op;
@@ -256,6 +257,7 @@ absl::Status Runtime::Access(StorageId id, double cost) {
   if (s.ok()) {
     AdvanceClock(cost);
     stats_.base_cost += cost;
+    window_base_cost_ += cost;
     Touch(id);
   }
   Unlock(id);
@@ -327,6 +329,7 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
       components_.AddCost(r->component, r->cost - before);
   }
   stats_.base_cost += delta;
+  window_base_cost_ = std::max(0.0, window_base_cost_ + delta);
   return absl::OkStatus();
 }
 

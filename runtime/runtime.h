@@ -117,6 +117,12 @@ class Runtime {
   uint64_t EvictAtLeast(uint64_t bytes);
   // Changes the budget, evicting down to it (fails, leaving the old budget, if impossible).
   absl::Status SetBudget(uint64_t budget_bytes);
+  // Note [Recomputation limit] (remat.cc): forgets the recent replays, for a caller whose budget
+  // is enforced elsewhere (the torch layer's allocators) when that budget changes.
+  void RestartRecomputationWindow() { window_overhead_cost_ = 0; }
+  // Note [Recomputation limit]: time a caller spent choosing and evicting victims outside the
+  // runtime's own searches (the torch layer's allocators), counted like replays.
+  void AddSearchCost(double cost) { window_overhead_cost_ += std::max(cost, 0.0); }
 
   struct Candidate {
     StorageId id;
@@ -275,6 +281,11 @@ class Runtime {
   uint64_t pool_bytes_ = 0;
   uint64_t evicted_count_ = 0;
   double now_ = 0;
+  // Note [Recomputation limit] (remat.cc): decayed sums over the recent ops.
+  double window_base_cost_ = 0, window_overhead_cost_ = 0;  // the program's ops; replays and searches
+  double window_decay_ = 1;  // per recorded op: 2^(-1 / recompute_half_life_ops)
+  void NoteBaseCost(double cost);
+  absl::Status CheckRecomputation(absl::string_view op_name);
   uint64_t reported_scratch_ = 0;  // ReportScratch during the op being executed
   uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
   static constexpr size_t kCarriedCandidates = 16;

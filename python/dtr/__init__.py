@@ -39,6 +39,7 @@ OPTIONS = {
     "device": "DTR_DEVICE",
     "cuda_allocator": "DTR_CUDA_ALLOCATOR",
     "max_replay_depth": "DTR_MAX_REPLAY_DEPTH",
+    "max_recompute": "DTR_MAX_RECOMPUTE",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

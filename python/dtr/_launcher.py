@@ -23,6 +23,7 @@ CLI_OPTIONS = {
     "--device": "DTR_DEVICE",
     "--cuda-allocator": "DTR_CUDA_ALLOCATOR",
     "--max-replay-depth": "DTR_MAX_REPLAY_DEPTH",
+    "--max-recompute": "DTR_MAX_RECOMPUTE",
 }
 
 

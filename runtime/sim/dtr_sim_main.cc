@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
-          [--search sampled|exact] [--seed N] [--thrash-damping X] [--min-samples N] [--max-samples N]
+          [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--walk-limit N] [--full-walks] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--seed") {
       if (!absl::SimpleAtoi(v, &gen.seed)) return Fail(absl::StrCat("--seed: not a number '", v, "'"));
       options.runtime.seed = gen.seed;
+    } else if (arg == "--max-recompute") {
+      if (!absl::SimpleAtod(v, &options.runtime.max_recompute_ratio))
+        return Fail(absl::StrCat("--max-recompute: not a number '", v, "'"));
     } else if (arg == "--thrash-damping") {
       if (!absl::SimpleAtod(v, &options.runtime.thrash_damping))
         return Fail(absl::StrCat("--thrash-damping: not a number '", v, "'"));

@@ -204,6 +204,7 @@ absl::StatusOr<Trace> Adversarial(int n, const GeneratorOptions& options) {
   int budget = options.budget > 0 ? options.budget : 8;
   if (n <= budget) return absl::InvalidArgumentError("adversarial needs --n larger than --b");
   RuntimeConfig config = options.adversary_config;
+  config.max_recompute_ratio = 0;  // the adversary forces thrashing on purpose (Theorem 3.2)
   config.budget_bytes = uint64_t(budget) + 1;  // t0 (a constant) plus `budget` unit tensors
   NullBackend backend;
   auto created = Runtime::Create(config, &backend);

@@ -91,6 +91,21 @@ TEST(ParseEnvConfig, MaxReplayDepth) {
   }
 }
 
+// Note [Recomputation limit] (runtime/remat.cc).
+TEST(ParseEnvConfig, MaxRecompute) {
+  EXPECT_EQ(FakeEnv{}.Parse()->max_recompute_ratio, 50);
+  for (auto [text, value] : {std::pair<const char*, double>{"20", 20}, {"0", 0}, {"7.5", 7.5}}) {
+    auto c = FakeEnv{{{"DTR_MAX_RECOMPUTE", text}}}.Parse();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->max_recompute_ratio, value);
+  }
+  for (const char* bad : {"-1", "x", "inf", "nan", ""}) {
+    auto b = FakeEnv{{{"DTR_MAX_RECOMPUTE", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_MAX_RECOMPUTE"));
+  }
+}
+
 TEST(ParseEnvConfig, BudgetsNoMachineHasAreRefused) {
   auto b = FakeEnv{{{"DTR_BUDGET", "9223372036854775807"}}}.Parse();
   ASSERT_FALSE(b.ok());

@@ -119,6 +119,27 @@ def test_stats_file(tmp_path):
     assert s["remat_seconds"] > 0
 
 
+def test_recomputation_limit_turns_thrashing_into_a_clear_oom():
+    """Note [Recomputation limit]: under a budget where dtr's replays and searches cost more than
+    DTR_MAX_RECOMPUTE times the program's own ops, the op that needs a replay raises
+    torch.OutOfMemoryError saying the budget is too small to train at a useful speed; with the
+    limit off, the same run trains (slowly)."""
+    peak = json.loads(run([PY, TRAIN, "lstm"], preload=True).stdout.strip().splitlines()[-1])["dtr"][
+        "peak_allocated_bytes"]
+    budget = int(peak * 0.8)
+    slow = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=budget, DTR_MAX_RECOMPUTE=0)
+    assert slow.returncode == 0, slow.stderr[-2000:]
+    stats = json.loads(slow.stdout.strip().splitlines()[-1])["dtr"]
+    assert stats["rematerializations"] > 0, stats
+    limited = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=budget, DTR_MAX_RECOMPUTE="0.05")
+    assert limited.returncode != 0, limited.stdout[-2000:]
+    assert "OutOfMemoryError" in limited.stderr, limited.stderr[-2000:]
+    assert "too small to train at a useful speed" in limited.stderr, limited.stderr[-2000:]
+    assert "DTR_MAX_RECOMPUTE=0" in limited.stderr, limited.stderr[-2000:]
+    bad = run([PY, TRAIN, "lstm"], preload=True, DTR_MAX_RECOMPUTE="-1")
+    assert bad.returncode != 0 and "DTR_MAX_RECOMPUTE" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_trace_file_replays_in_simulator(tmp_path):
     f = tmp_path / "trace.txt"
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))

@@ -506,6 +506,49 @@ TEST_F(RuntimeTest, ScratchMemoryLearnedWhileTheOpRunsIsKept) {
   Check();
 }
 
+// Note [Recomputation limit]: a budget that only thrashes fails with a clear error instead of
+// running ever slower, loses nothing, and starts afresh after the error or a new budget.
+TEST_F(RuntimeTest, ThrashingPastTheRecomputationLimitFailsClearly) {
+  std::vector<StorageId> chain;
+  auto thrash = [&](double limit, absl::Status* first_error) {
+    RuntimeConfig config;
+    config.budget_bytes = 5 + 30;  // the input and three of the ten activations
+    config.search = SearchMode::kExact;
+    config.max_recompute_ratio = limit;
+    Make(config);
+    StorageId x = Const(5);
+    chain = {Op1("a0", {x}, 10)};
+    for (int i = 1; i < 10; ++i) chain.push_back(Op1(absl::StrCat("a", i), {chain.back()}, 10));
+    // Reading five storages of the chain in turn, with room for three, replays much of it each
+    // time while the program itself computes nothing more: the ratio grows without bound.
+    for (int round = 0; round < 50; ++round)
+      for (StorageId id : {chain[9], chain[0], chain[7], chain[2], chain[5]}) {
+        absl::Status s = rt_->Access(id);
+        Check();
+        if (!s.ok()) {
+          *first_error = s;
+          return;
+        }
+      }
+  };
+  absl::Status error;
+  thrash(/*limit=*/0, &error);
+  EXPECT_TRUE(error.ok()) << error;  // no limit: slow, but it runs
+  const double unlimited_remat = rt_->stats().remat_cost;
+  EXPECT_GT(unlimited_remat, 20 * rt_->stats().base_cost);
+
+  thrash(/*limit=*/4, &error);
+  ASSERT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
+  EXPECT_THAT(std::string(error.message()), HasSubstr("too small to train at a useful speed"));
+  EXPECT_THAT(std::string(error.message()), HasSubstr("DTR_MAX_RECOMPUTE=0"));
+  // It fired once the replays had cost about 4x the work, long before the unlimited run's total.
+  EXPECT_LT(rt_->stats().remat_cost, 6 * rt_->stats().base_cost);
+  // Nothing was lost: with room, every activation comes back.
+  ASSERT_TRUE(rt_->SetBudget(kUnlimitedBudget - 1).ok());
+  for (StorageId id : chain) EXPECT_TRUE(rt_->Access(id).ok());
+  Check();
+}
+
 // Note [Dead constants in accumulating recipes]: SGD with momentum, step after step. The
 // parameter update freezes the step's gradient (a dependent of the parameter); the momentum
 // buffer's recipe reads it through add_. Once the program drops the gradient, nothing may keep
