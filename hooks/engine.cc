@@ -75,7 +75,12 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
 void Engine::SetBudget(int64_t bytes) {
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
-  rt_->RestartRecomputationWindow();  // Note [Recomputation limit]: a new budget starts afresh
+  // Note [Recomputation limit]: a new budget starts afresh, once the evictions getting under it
+  // (which count as search time) are done.
+  struct RestartWindow {
+    Runtime* rt;
+    ~RestartWindow() { rt->RestartRecomputationWindow(); }
+  } restart_window{rt_.get()};
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {

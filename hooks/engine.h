@@ -410,8 +410,10 @@ class Engine final : public ReplayBackend,
     double t0_, search0_, remat0_;
   };
   // Note [Scratch memory] (runtime/runtime.cc): an op's workspace is the allocator's high-water
-  // mark while it runs above what it started and ended with. Ops running at the same time on
-  // other threads add to it; it feeds statistics and traces, not the budget, which the allocator
+  // mark while it runs above what it started and ended with. An estimate: ops running at the same
+  // time on other threads add to it, bytes evicted during the op hide as much workspace, and an
+  // op that frees an input's storage counts its output as workspace. It feeds statistics and
+  // traces (taken with no budget, where nothing is evicted), not the budget, which the allocator
   // enforces. last_scratch_ is that of the op the fallback ran last.
   class ScratchMeter {
    public:

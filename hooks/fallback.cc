@@ -335,9 +335,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (info.kind != Kind::kView)
       TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                            unrecordable_inputs ? "reads memory that may change outside PyTorch" : "not replayable");
+    rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]: the program's work too
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
-      (void)cost;
     } else {
       if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
     }
@@ -482,6 +482,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   });
   if (views_of_inputs) {
     delete rr;
+    rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     return;
   }
@@ -490,6 +491,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;
+    rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));

@@ -116,7 +116,8 @@ double Runtime::PartialScore::CostLimit(double above) const {
     default:
       return -std::numeric_limits<double>::infinity();
   }
-  return limit - std::abs(limit) * 1e-9;  // rounding: let Final decide near the boundary
+  // Rounding, cancellation included: let Final decide near the boundary.
+  return limit - (std::abs(limit) + in.cost) * 1e-9;
 }
 
 double Runtime::ScoreUnchecked(StorageId id) {

@@ -29,15 +29,18 @@ namespace dtr {
 // 250x its plain step time in an early sweep; issue 16 asks for a clear error instead). So the
 // runtime keeps two sums over the recent ops, whose weights halve every
 // recompute_half_life_ops recorded ops: the cost of the ops the program ran (Compute, Mutate,
-// views' Access) and dtr's overhead, the cost of replays plus, in real runs, the time the
-// allocators spent choosing and evicting victims (AddSearchCost; on the CPU TreeLSTM near its
-// smallest budget the searches cost more than the replays). Before a replay, if the overhead is
-// more than max_recompute_ratio times the program's own work, it fails with ResourceExhausted
-// (torch's OutOfMemoryError at the torch boundary), saying how to lift the limit; nothing is
-// lost (the stack unwinds, Note [Rematerialization]). The overhead sum restarts then, and when
-// the budget changes, so a program that catches the error or raises its budget starts afresh.
+// views' Access, and ops the caller ran unrecorded: AddUnrecordedOpCost) and dtr's overhead,
+// the cost of replays plus, in real runs, the time the allocators spent choosing and evicting
+// victims (AddSearchCost; on the CPU TreeLSTM near its smallest budget the searches cost more
+// than the replays, and a budget whose searches alone cost the limit is as useless as one that
+// thrashes). Before a replay, if the overhead is more than max_recompute_ratio times the
+// program's own work, it fails with ResourceExhausted (torch's OutOfMemoryError at the torch
+// boundary), saying how to lift the limit; nothing is lost (the stack unwinds, Note
+// [Rematerialization]). The overhead sum restarts then, and when the budget changes, so a
+// program that catches the error or raises its budget starts afresh; with no work of the
+// program's own in the window (a deferred cost correction may bring it to 0) it never fires.
 // Early in a run the window holds everything run so far, and a first cascade replays each op at
-// most once, so the limit does not fire before the program thrashes.
+// most once, so replays alone do not reach the limit before the program thrashes.
 
 using runtime_internal::ContainsValue;
 using runtime_internal::IdString;
@@ -49,14 +52,17 @@ void Runtime::NoteBaseCost(double cost) {
 
 absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
   const double limit = config_.max_recompute_ratio;
-  if (limit <= 0 || window_overhead_cost_ <= limit * window_base_cost_) return absl::OkStatus();
-  const double ratio = window_base_cost_ > 0 ? window_overhead_cost_ / window_base_cost_ : 0;
+  // No work of the program's own to weigh against (nothing run yet, or costs corrected to 0).
+  if (limit <= 0 || window_base_cost_ <= 0 || window_overhead_cost_ <= limit * window_base_cost_)
+    return absl::OkStatus();
+  const double ratio = window_overhead_cost_ / window_base_cost_;
   window_overhead_cost_ = 0;
   return absl::ResourceExhaustedError(absl::StrFormat(
       "dtr: the memory budget is too small to train at a useful speed: rematerializing and "
-      "choosing what to evict have cost %.0fx the program's own computation over the recent ops "
-      "(limit %gx, DTR_MAX_RECOMPUTE), and %s had to be replayed again. Raise the budget, or set DTR_MAX_RECOMPUTE=0 to allow any "
-      "slowdown (Note [Recomputation limit]).",
+      "choosing what to evict have cost %.3gx the program's own computation over the recent ops "
+      "(limit %gx: DTR_MAX_RECOMPUTE, or dtr-sim's --max-recompute), and %s must be replayed "
+      "next. Raise the budget, or set DTR_MAX_RECOMPUTE=0 to allow any slowdown (Note "
+      "[Recomputation limit]).",
       ratio, limit, op_name));
 }
 

@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeConfig& co
 
 Runtime::Runtime(const RuntimeConfig& config, ReplayBackend* backend)
     : config_(config), backend_(backend), neighborhood_(InfoFor(config.heuristic).neighborhood),
-      rng_(config.seed), window_decay_(std::exp2(-1.0 / double(config.recompute_half_life_ops))) {}
+      window_decay_(std::exp2(-1.0 / double(config.recompute_half_life_ops))), rng_(config.seed) {}
 
 const RuntimeStats& Runtime::stats() const {
   stats_.memory_bytes = memory_;
@@ -179,7 +179,9 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
   for (uint64_t size : call.output_sizes) out_bytes += size;
   NoteOpBytes(inputs, out_bytes, call.scratch_bytes);
   // Note [Scratch memory]: room for the workspace too, while the inputs are locked.
-  if (absl::Status s = Reserve(out_bytes + call.scratch_bytes, "outputs of ", call.name); !s.ok()) {
+  if (absl::Status s = Reserve(out_bytes + call.scratch_bytes,
+                               call.scratch_bytes > 0 ? "outputs and workspace of " : "outputs of ", call.name);
+      !s.ok()) {
     unlock_inputs();
     return s;
   }

@@ -123,6 +123,9 @@ class Runtime {
   // Note [Recomputation limit]: time a caller spent choosing and evicting victims outside the
   // runtime's own searches (the torch layer's allocators), counted like replays.
   void AddSearchCost(double cost) { window_overhead_cost_ += std::max(cost, 0.0); }
+  // The cost of an op the caller ran without recording it (a view, an op that cannot be
+  // replayed): the program's own work, which the limit weighs the overhead against.
+  void AddUnrecordedOpCost(double cost) { NoteBaseCost(std::max(cost, 0.0)); }
 
   struct Candidate {
     StorageId id;

@@ -500,7 +500,13 @@ TEST_F(RuntimeTest, ScratchMemoryLearnedWhileTheOpRunsIsKept) {
                   }).ok());
   ASSERT_EQ(rt_->storage((*a)[0])->recipe.size(), 2u);
   EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[1])->scratch_bytes, 30u);
-  // A report does not outlive its op.
+  // A report does not outlive its op, not even one that failed.
+  auto failed = rt_->Compute({"boom", std::vector<StorageId>{x}, std::vector<uint64_t>{10}, true, 0},
+                             [&](absl::Span<const StorageId>) -> absl::StatusOr<double> {
+                               rt_->ReportScratch(500);
+                               return absl::InternalError("the op threw");
+                             });
+  ASSERT_FALSE(failed.ok());
   StorageId b = Op1("b", {(*a)[0]}, 10);
   EXPECT_EQ(rt_->op(rt_->storage(b)->recipe[0])->scratch_bytes, 0u);
   Check();
