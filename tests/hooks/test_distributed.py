@@ -32,12 +32,22 @@ def torchrun_args(*script_args):
             SCRIPT, *script_args]
 
 
-def launch(tmp_path, tag, cmd, timeout=300, **env):
+# gloo's teardown sometimes aborts a rank after the job is done (dist_train.py's barrier before
+# destroy_process_group made it rarer, not impossible). It happens in plain runs too: in stop 31,
+# 2 of 14 runs of the budgeted tests on torch 2.13 aborted so, once in the reference job without
+# dtr. Such a job is launched once more, never twice.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def launch(tmp_path, tag, cmd, timeout=300, relaunch_after_teardown_abort=True, **env):
     out = tmp_path / tag
     out.mkdir()
     t0 = time.monotonic()
     r = run(cmd, timeout=timeout, DIST_OUT=out, **env)
     r.seconds = time.monotonic() - t0
+    if (r.returncode != 0 and relaunch_after_teardown_abort and TEARDOWN_ABORT in r.stderr
+            and all((out / f"rank{i}.json").exists() for i in range(RANKS))):
+        return launch(tmp_path, tag + "-again", cmd, timeout, relaunch_after_teardown_abort=False, **env)
     r.ranks = []
     if r.returncode != 0:
         # The whole output stays with the test's files; the assertion shows where the ranks
