@@ -500,7 +500,7 @@ void CachingAllocator::FreeBlockLocked(Block* block) {
 }
 
 void CachingAllocator::NoteReleasableLocked(Segment* segment) {
-  const bool releasable = segment->head->is_free() && segment->head->next == nullptr;
+  const bool releasable = segment->OneFreeBlock();
   if (releasable == segment->releasable) return;
   segment->releasable = releasable;
   if (releasable) releasable_bytes_ += segment->size;
@@ -545,7 +545,7 @@ void CachingAllocator::ReleaseSegmentLocked(Segment* segment) {
 size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least) {
   std::vector<Segment*> releasable;
   for (auto& [base, segment] : segments_) {
-    if (segment->head->is_free() && segment->head->next == nullptr) {
+    if (segment->releasable) {  // Note [Releasable bytes]
       releasable.push_back(segment.get());
     }
   }
@@ -745,7 +745,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
   for (const auto& [base, segment] : segments_) {
     // Note [Releasable bytes].
     if (segment->head != nullptr) {
-      const bool whole_and_free = segment->head->is_free() && segment->head->next == nullptr;
+      const bool whole_and_free = segment->OneFreeBlock();
       if (whole_and_free != segment->releasable)
         return fail("segment ", base,
                     whole_and_free ? " is one free block but not counted" : " is counted but not one free block",

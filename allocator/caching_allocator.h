@@ -131,6 +131,7 @@ class CachingAllocator {
     Stream stream;
     Block* head = nullptr;
     bool releasable = false;  // counted in releasable_bytes_ (Note [Releasable bytes])
+    bool OneFreeBlock() const { return head->is_free() && head->next == nullptr; }
   };
   // Free sets are ordered by (stream, size, address) as in PyTorch's BlockComparator.
   struct BlockOrder {

@@ -164,16 +164,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     keep[i] = o == id || (r != nullptr && !r->resident() && r->recipe.size() == 1 && r->recipe[0] == first);
     replay_bytes += op.output_sizes[i];
   }
-  if (absl::Status s = CheckRecomputation(op.name); !s.ok()) return s;  // Note [Recomputation limit]
-  // Note [Scratch memory]: the replay needs the op's workspace again.
-  if (absl::Status s = Reserve(replay_bytes + op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
-  UpdatePeak(replay_bytes + op.scratch_bytes);
-  absl::StatusOr<double> cost = backend_->Replay(first, op, absl::MakeConstSpan(keep));
-  if (!cost.ok()) return cost.status();
-  ++stats_.replays;
-  stats_.remat_cost += *cost;
-  window_overhead_cost_ += *cost;
-  AdvanceClock(*cost);
+  if (absl::Status s = RunReplay(first, op, replay_bytes, keep); !s.ok()) return s;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (!keep[i]) continue;
     StorageId o = op.outputs[i];
@@ -192,13 +183,17 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
 
 absl::Status Runtime::ReplayInPlaceOp(StorageId id, size_t stage) {
   OpId op_id = rec(id).recipe[stage];
-  const OpRecord& op = ops_[op_id];
+  const bool keep_one[1] = {true};
+  return RunReplay(op_id, ops_[op_id], /*output_bytes=*/0, keep_one);
+}
+
+absl::Status Runtime::RunReplay(OpId id, const OpRecord& op, uint64_t output_bytes, absl::Span<const bool> keep) {
   if (absl::Status s = CheckRecomputation(op.name); !s.ok()) return s;  // Note [Recomputation limit]
-  // Note [Scratch memory]
-  if (absl::Status s = Reserve(op.scratch_bytes, "rematerializing ", op.name); !s.ok()) return s;
-  UpdatePeak(op.scratch_bytes);
-  bool keep_one[1] = {true};
-  absl::StatusOr<double> cost = backend_->Replay(op_id, op, absl::MakeConstSpan(keep_one, 1));
+  // Note [Scratch memory]: the replay needs the op's workspace again.
+  const uint64_t bytes = output_bytes + op.scratch_bytes;
+  if (absl::Status s = Reserve(bytes, "rematerializing ", op.name); !s.ok()) return s;
+  UpdatePeak(bytes);
+  absl::StatusOr<double> cost = backend_->Replay(id, op, keep);
   if (!cost.ok()) return cost.status();
   ++stats_.replays;
   stats_.remat_cost += *cost;

@@ -113,10 +113,13 @@ void Runtime::NoteFloor(const InputList& inputs, uint64_t out_bytes) {
 // a budget that holds the workspaces and one that does not: see the measurements in
 // runtime/README.md ("Scratch memory").
 void Runtime::NoteOpBytes(const InputList& inputs, uint64_t out_bytes, uint64_t scratch_bytes) {
-  uint64_t op_bytes = out_bytes + scratch_bytes;
-  for (StorageId in : inputs) op_bytes += rec(in).size;
-  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
+  NoteLargestOp(inputs, out_bytes + scratch_bytes);
   NoteFloor(inputs, out_bytes + scratch_bytes);
+}
+
+void Runtime::NoteLargestOp(const InputList& inputs, uint64_t other_bytes) {
+  for (StorageId in : inputs) other_bytes += rec(in).size;
+  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, other_bytes);
 }
 
 uint64_t Runtime::MeasuredScratch(const InputList& inputs, uint64_t out_bytes, uint64_t known) {
@@ -126,9 +129,7 @@ uint64_t Runtime::MeasuredScratch(const InputList& inputs, uint64_t out_bytes, u
   // floor counts them without being told, as NoteOpBytes did before the op ran.
   UpdatePeak(reported);
   NoteFloor(inputs, reported);
-  uint64_t op_bytes = out_bytes + reported;
-  for (StorageId in : inputs) op_bytes += rec(in).size;
-  stats_.largest_op_bytes = std::max(stats_.largest_op_bytes, op_bytes);
+  NoteLargestOp(inputs, out_bytes + reported);
   return reported;
 }
 

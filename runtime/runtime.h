@@ -179,6 +179,7 @@ class Runtime {
   // Note [Scratch memory]: the largest op and the floor, counting the op's workspace; and the
   // scratch an op reported while it ran, if more than it was known to need.
   void NoteOpBytes(const InputList& inputs, uint64_t out_bytes, uint64_t scratch_bytes);
+  void NoteLargestOp(const InputList& inputs, uint64_t other_bytes);  // inputs plus other_bytes
   uint64_t MeasuredScratch(const InputList& inputs, uint64_t out_bytes, uint64_t known);
   void NoteFloor(const InputList& inputs, uint64_t out_bytes);
 
@@ -251,6 +252,8 @@ class Runtime {
   absl::Status Materialize(StorageId target);
   absl::Status ReplayFirstOp(StorageId id);
   absl::Status ReplayInPlaceOp(StorageId id, size_t stage);
+  // Checks the limit, makes room for output_bytes and the op's workspace, replays, counts.
+  absl::Status RunReplay(OpId id, const OpRecord& op, uint64_t output_bytes, absl::Span<const bool> keep);
   absl::Status FinishRemat(StorageId id);
   void NoteRemat(StorageId id);
 
