@@ -223,11 +223,13 @@ CudaAllocatorAdapter::Device& CudaAllocatorAdapter::DeviceState(c10::DeviceIndex
     TORCH_CHECK(a.ok(), "dtr: ", std::string(a.status().message()));
     d.backend = std::move(*backend);
     d.alloc = std::move(*a);
+    if (size_t(device) < kCachedDevices) dtr_allocators_[size_t(device)].store(d.alloc.get(), std::memory_order_release);
   }
   return d;
 }
 
 alloc::CachingAllocator* CudaAllocatorAdapter::DtrAllocatorOf(c10::DeviceIndex device) {
+  if (device >= 0 && size_t(device) < kCachedDevices) return dtr_allocators_[size_t(device)].load(std::memory_order_acquire);
   std::lock_guard<std::mutex> l(mu_);
   if (device < 0 || size_t(device) >= devices_.size() || !devices_[size_t(device)]) return nullptr;
   return devices_[size_t(device)]->alloc.get();

@@ -16,6 +16,7 @@
 #ifndef DTR_HOOKS_CUDA_ALLOCATOR_H_
 #define DTR_HOOKS_CUDA_ALLOCATOR_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -113,6 +114,7 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   // allocated/reserved bytes on `device` (either backend), for the engine's stats.
   std::pair<size_t, size_t> AllocatedAndReserved(c10::DeviceIndex device);
   // The dtr backend's caching allocator of `device` (nullptr for native or an unused device).
+  // Lock-free for devices below kCachedDevices: the workspace meter asks on every op.
   alloc::CachingAllocator* DtrAllocatorOf(c10::DeviceIndex device);
 
   // ---- slots (Note [CUDA slots]) ----
@@ -239,6 +241,9 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
 
   mutable std::mutex mu_;  // guards devices_, slots_, budget_ and the observers
   std::vector<std::unique_ptr<Device>> devices_;
+  // devices_[i]->alloc, published once created (an allocator lives as long as the adapter).
+  static constexpr size_t kCachedDevices = 64;
+  std::array<std::atomic<alloc::CachingAllocator*>, kCachedDevices> dtr_allocators_{};
   absl::flat_hash_map<const void*, CudaSlot*> slots_;
   CudaBudget budget_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;

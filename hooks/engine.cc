@@ -289,7 +289,10 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
   auto sid = rt_->AddConstant(nbytes);
   Check(sid.status(), "AddConstant");
   Entry* e = NewEntry(*sid, impl, nbytes);
-  e->external = !TorchOwnsMemory(dp);
+  // An empty storage has no bytes to change: CUDA allocators hand out a null DataPtr without a
+  // deleter for it (cuDNN batch norm's reserve space), which must not make every reader of it
+  // unrecordable.
+  e->external = nbytes > 0 && !TorchOwnsMemory(dp);
   // Torch-owned memory may be a replay source, so the entry keeps it alive. External memory never
   // is (Note [Memory read outside the dispatcher]): the entry only watches it, and the numpy
   // array behind it goes when the program drops it.

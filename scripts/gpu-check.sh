@@ -2,14 +2,16 @@
 # One command for a machine with an NVIDIA GPU (../shared/gpu/README.md: torch 2.11+cu130 on
 # Python 3.12, nvcc, cmake, ninja, no network). Steps, each logged to $OUT/gpu-check.log:
 #   1. build and install dtr against the machine's torch (CUDA adapter included);
-#   2. the CUDA adapter's C++ tests (fake backends), also under compute-sanitizer when present;
+#   2. the CUDA adapter's C++ tests (fake backends); compute-sanitizer's memcheck on a budgeted
+#      training run on the dtr backend, when present;
 #   3. pytest on the CPU paths of the torch integration (tests/hooks, tests/python);
 #   4. the budget sweep on CUDA (scripts/gpu_budget_check.py: a conv net and a Transformer, plain
 #      vs dtr at 0.9/0.7/0.5 of the plain peak: time per step, max_memory_reserved <= budget,
 #      bit-identical losses and weights), for both DTR_CUDA_ALLOCATOR backends;
 #   5. with 2 or more GPUs, a 2-process NCCL DDP job (tests/hooks/dist_train.py) plain and under
 #      dtr at 0.8 of each rank's peak: losses and weights must match (skipped, saying so, with one);
-#   6. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table).
+#   6. a report ($OUT/report.md: versions, GPU, pass/fail per step, the sweep's table), and
+#      everything under $OUT in $OUT/gpu-check.tgz.
 #   7. with time left before the deadline, the benchmark sweep on CUDA (bench/sweep.py --device
 #      cuda --no-sim: the benchmark models at 1.0/0.5/0.3 of their peak), its JSON in $OUT/bench.
 # Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5). GPU_CHECK_PYTEST=0
@@ -52,7 +54,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   "$VENV_PY" tests/hooks/dist_train.py --help >/dev/null
   result "present; gpu_budget_check.py compiles"
   echo "plan on the GPU machine: deps from .gpu-deps, pip install --no-build-isolation ., python -m dtr --info,"
-  echo "  build-gpu/bin/cuda_allocator_test (+ compute-sanitizer memcheck), pytest tests/hooks tests/python,"
+  echo "  build-gpu/bin/cuda_allocator_test, compute-sanitizer memcheck of a budgeted run, pytest tests/hooks tests/python,"
   echo "  gpu_budget_check.py with DTR_CUDA_ALLOCATOR=native and =dtr, NCCL DDP on 2 GPUs if present,"
   echo "  report in \$OUT/report.md"
   cat "$report"
@@ -96,16 +98,32 @@ if [ "${GPU_CHECK_CXX:-1}" = 1 ]; then
     -DCMAKE_PREFIX_PATH="$deps_prefix" >/dev/null
   ninja -C build-gpu dtr-sim dtr-chain cuda_allocator_test >/dev/null
   build-gpu/bin/cuda_allocator_test --gtest_brief=1 && result "passed" || result "FAILED"
+  # The C++ tests use fake backends and make no CUDA call (compute-sanitizer then exits 255,
+  # "terminated before first instrumented API call"): memcheck watches a real training run on the
+  # dtr backend instead, under a budget that evicts and rematerializes (0.7 of the conv net's peak).
   if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck build-gpu/bin/cuda_allocator_test --gtest_brief=1 >/dev/null 2>&1 \
-      && result "memcheck clean" || result "memcheck FAILED"
+    timeout $(left 150) compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+      "$py" -m dtr --cuda-allocator dtr --budget 2600MiB scripts/gpu_budget_check.py --worker convnet \
+      --steps 3 --warmup 1 > "$out/memcheck.log" 2>&1
+    case $? in
+      0) result "memcheck of a budgeted conv net on the dtr backend: clean" ;;
+      9) result "memcheck FOUND ERRORS: $(grep -m1 'ERROR SUMMARY' "$out/memcheck.log")" ;;
+      124) result "memcheck timed out" ;;
+      *) result "memcheck FAILED: $(tail -1 "$out/memcheck.log")" ;;
+    esac
   fi
 else
   result "skipped (GPU_CHECK_CXX=0)"
 fi
 step "3. pytest (CPU paths of the torch integration)"
-[ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout 180 "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 \
-  --junitxml="$out/pytest.xml" tests/hooks tests/python "$@" && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0)"
+# GPU_CHECK_PYTEST_SECONDS (default 180) limits it; the arguments of gpu-check.sh replace the
+# default selection (tests/hooks tests/python); the output is kept in $out/pytest.log.
+tests=("$@"); [ ${#tests[@]} = 0 ] && tests=(tests/hooks tests/python)
+# (pipefail is on: the pipeline fails when pytest does)
+[ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout "${GPU_CHECK_PYTEST_SECONDS:-180}" \
+  "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 --junitxml="$out/pytest.xml" \
+  "${tests[@]}" 2>&1 | tee "$out/pytest.log" | tail -40 \
+  && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0): $(tail -1 "$out/pytest.log" 2>/dev/null)"
 for backend in native dtr; do
   step "4. budget sweep on CUDA, DTR_CUDA_ALLOCATOR=$backend"
   timeout $(left 150) "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
@@ -134,7 +152,7 @@ fi
 step "7. benchmark sweep on CUDA (bench/sweep.py, real runs only)"
 t=$(left 400)
 if [ "$t" -ge 60 ]; then
-  timeout "$t" "$py" bench/sweep.py --device cuda --no-sim --no-refine --heuristics dtr-eq \
+  timeout "$t" "$py" bench/sweep.py --device cuda --no-sim --no-refine --heuristics "${GPU_CHECK_HEURISTICS:-dtr}" \
     --models "${GPU_CHECK_MODELS:-transformer,resnet,lstm,treelstm,unet}" --ratios 1.0,0.5,0.3 \
     --warmup 2 --steps 5 --out "$out/bench" --build build-gpu && result "ran" || result "FAILED or timed out"
   cat "$out/bench/cuda.md" >> "$report" 2>/dev/null
@@ -144,3 +162,5 @@ fi
 set -e
 step "6. report: $report"
 cat "$report"
+# Everything in one archive too: the device tool brings back at most 8 files from $OUT.
+(cd "$out" && tar czf /tmp/gpu-check.tgz --exclude=gpu-check.tgz . && mv /tmp/gpu-check.tgz .)

@@ -80,6 +80,7 @@ def worker(args):
         "weights": h.hexdigest(), "max_reserved": torch.cuda.max_memory_reserved(),
         "max_allocated": torch.cuda.max_memory_allocated(),
         "evictions": stats.get("evictions", 0), "remats": stats.get("rematerializations", 0),
+        "dtr_stats": stats,
     }))
 
 

@@ -23,7 +23,9 @@ def build_dir():
 
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
+    # The suites test host memory; on a machine with a GPU, DTR_DEVICE=auto would manage CUDA
+    # memory instead (scripts/gpu-check.sh tests that).
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": ""})
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -54,6 +54,29 @@ def test_exposed_memory_is_pinned_and_reported():
     assert st["evicted_bytes"] >= 64 * 64 * 4, st  # c was evicted; a and b were not
 
 
+def test_an_empty_storage_does_not_make_its_readers_unrecordable():
+    """An empty storage has no bytes that could change: an op reading an empty numpy array (on
+    CUDA, cuDNN batch norm's empty reserve space, a null DataPtr) is recorded, so its output is
+    evicted and rematerialized like any other, bit-identically."""
+    code = ("import hashlib, json, numpy as np, torch, dtr\n"
+            "digest = lambda t: hashlib.sha256(t.clone().numpy().tobytes()).hexdigest()\n"
+            "x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))\n"
+            "empty = torch.from_numpy(np.empty((0, 64), np.float32))\n"
+            "y = torch.cat([x.exp(), empty])\n"
+            "before = digest(y)\n"
+            "try: torch.ops.dtr.set_budget(1)\n"
+            "except Exception: pass\n"
+            "torch.ops.dtr.set_budget(0)\n"
+            "remats = dtr.stats()['rematerializations']\n"
+            "after = digest(y)\n"
+            "st = dtr.stats()\n"
+            "print(json.dumps(dict(same=before == after, remats=st['rematerializations'] - remats,\n"
+            "                      reasons=list(st['unevictable_by_reason']))))\n")
+    r = last_json(run([PY, "-c", code], preload=True))
+    assert r["same"] and r["remats"] >= 1, r
+    assert not any("outside PyTorch" in k for k in map(str, r["reasons"])), r
+
+
 def test_unevictable_memory_is_reported_by_reason():
     """Note [Unevictable memory by reason] (hooks/memory_report.cc): each unevictable byte is
     reported with why it stays (the op that made or wrote it, the pin), now, at the largest
