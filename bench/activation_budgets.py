@@ -7,6 +7,10 @@ runtime/runtime.cc: no heuristic can go below it), the smallest r that trains, a
 ratio at each r: (base cost + rematerialization cost) / base cost of the training steps (the
 costs are the op times measured while tracing; model building is left out). These are the
 runtime's decisions alone: the real runs of bench/sweep.py add dtr's per-op bookkeeping.
+The op costs in a trace are timings, and the sampled search draws differently per seed, so
+each budget is simulated on --traces traces of the model, each with every seed of --seeds: a
+cell is the median and the range of those runs, and a budget trains when at least half of them
+do (stop 32: three traces of the same ResNet gave 1.44x, 1.28x and 1.32x at r = 0.5).
 
   python bench/activation_budgets.py [--build build-release] [--models a,b] [--out FILE]
 """
@@ -14,6 +18,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -26,8 +31,8 @@ RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0
 WORKER = os.path.join(REPO, "bench", "step_worker.py")
 
 
-def trace(model, work, lib, steps):
-    path = os.path.join(work, f"{model}.trace")
+def trace(model, work, lib, steps, index=0):
+    path = os.path.join(work, f"{model}.trace" if index == 0 else f"{model}.{index}.trace")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_")}
     env.update(LD_PRELOAD=lib, DTR_TRACE_FILE=path, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     r = subprocess.run([sys.executable, WORKER, "trace", "--model", model, "--device", "cpu", "--threads", "1",
@@ -39,8 +44,8 @@ def trace(model, work, lib, steps):
     return path, info
 
 
-def simulate(sim, path, budget, heuristic, search):
-    argv = [sim, "--trace", path, "--budget", str(int(budget)), "--heuristic", heuristic, "--seed", "1",
+def simulate(sim, path, budget, heuristic, search, seed=1):
+    argv = [sim, "--trace", path, "--budget", str(int(budget)), "--heuristic", heuristic, "--seed", str(seed),
             "--search", search]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
@@ -50,26 +55,47 @@ def simulate(sim, path, budget, heuristic, search):
 
 
 def sweep(model, args, lib):
-    path, info = trace(model, args.work, lib, args.steps)
-    static = info["static_bytes"]
-    build_cost, _ = trace_split(path)
-    free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
-    peak, work = free["peak_bytes"], free["base_cost"] - build_cost
-    floor = free["stats"]["floor_bytes"]
-    act = max(1, peak - static)
+    """Every trace of the model (its op costs are timings, noisy on a shared machine) under every
+    seed: a budget's cell is the median of those runs and their range. Static, peak and floor are
+    the first trace's; each trace's budgets are its own static + r x (its peak - its static)."""
+    traces = []
+    for k in range(args.traces):
+        path, info = trace(model, args.work, lib, args.steps, k)
+        static = info["static_bytes"]
+        build_cost, _ = trace_split(path)
+        free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
+        traces.append(dict(path=path, info=info, static=static, peak=free["peak_bytes"],
+                           work=free["base_cost"] - build_cost, floor=free["stats"]["floor_bytes"]))
+    first = traces[0]
+    act = max(1, first["peak"] - first["static"])
     cells = []
     for r in RATIOS:
-        d = simulate(args.sim, path, static + r * act, args.heuristic, args.search)
-        if d["status"] != "ok":
+        ratios = []
+        for t in traces:
+            budget = t["static"] + r * max(1, t["peak"] - t["static"])
+            for seed in args.seeds:
+                d = simulate(args.sim, t["path"], budget, args.heuristic, args.search, seed)
+                ratios.append(1 + (d["total_cost"] - d["base_cost"]) / t["work"] if d["status"] == "ok" else float("inf"))
+        ratios.sort()
+        median = statistics.median_low(ratios)  # an actual run's ratio; inf when most ran out of memory
+        if median == float("inf"):
             cells.append((r, None))
             break
-        cells.append((r, 1 + (d["total_cost"] - d["base_cost"]) / work))
-    return dict(model=model, static=static, peak=peak, floor=floor, floor_r=(floor - static) / act, cells=cells,
-                unevictable=info.get("unevictable_at_peak"))
+        cells.append((r, (median, ratios[0], ratios[-1])))
+    return dict(model=model, static=first["static"], peak=first["peak"], floor=first["floor"],
+                floor_r=(first["floor"] - first["static"]) / act, cells=cells,
+                unevictable=first["info"].get("unevictable_at_peak"))
 
 
 def mib(b):
     return f"{b / 2**20:.2f} MiB"
+
+
+def ratio_cell(median, low, high):
+    """The median run's ratio, then the range over the seeds (`oom` for a seed that ran out)."""
+    if low == high:
+        return f"{median:.2f}x"
+    return f"{median:.2f}x ({low:.2f}-{'oom' if high == float('inf') else f'{high:.2f}'})"
 
 
 def render(rows, args):
@@ -77,15 +103,17 @@ def render(rows, args):
     out = [f"# Budgets on activations in dtr-sim ({args.heuristic}, {args.search} search)\n",
            f"Made by `python bench/activation_budgets.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"traces of {args.steps} training steps on the CPU. Budget = static + r x (peak - static). Cells: "
-           "compute ratio of the training steps (base + rematerialization cost over base cost); `oom`: out of "
-           "memory (the sweep stops there). The floor is Note [Memory floor]'s lower bound for the same run, "
-           "as a ratio r.\n",
+           "compute ratio of the training steps (base + rematerialization cost over base cost), the median over "
+           f"{args.traces} traces of each model x seeds {','.join(map(str, args.seeds))} of the sampled search, "
+           "with the range in parentheses; `oom`: out of memory in more than half of those runs (the sweep stops "
+           "there). Static, peak and floor are the first trace's. The floor is Note [Memory floor]'s lower bound "
+           "for the same run, as a ratio r.\n",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = {r: v for r, v in row["cells"]}
         line = [row["model"], mib(row["static"]), mib(row["peak"]), f"{mib(row['floor'])} ({row['floor_r']:.2f})"]
         for r in RATIOS:
-            line.append("" if r not in cells else "oom" if cells[r] is None else f"{cells[r]:.2f}x")
+            line.append("" if r not in cells else "oom" if cells[r] is None else ratio_cell(*cells[r]))
         out.append("| " + " | ".join(line) + " |")
     out.append(render_unevictable(rows))
     out.append(GENERATED_END)
@@ -144,10 +172,13 @@ def main():
     ap.add_argument("--heuristic", default="dtr")
     ap.add_argument("--search", default="sampled", choices=["sampled", "exact"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per trace")
+    ap.add_argument("--seeds", default="1,2,3", help="seeds of dtr-sim's sampled search, comma-separated")
+    ap.add_argument("--traces", type=int, default=3, help="traces per model (each traced anew)")
     ap.add_argument("--work", default=None, help="where the traces go (default: <build>/activation-work)")
     ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
     args = ap.parse_args()
     args.sim = os.path.join(args.build, "bin", "dtr-sim")
+    args.seeds = [int(x) for x in args.seeds.split(",")]
     args.work = args.work or os.path.join(args.build, "activation-work")
     os.makedirs(args.work, exist_ok=True)
     import dtr
