@@ -52,8 +52,9 @@ struct RuntimeConfig {
   double small_storage_fraction = 0.01;
   // Note [Thrashing]: a storage rematerialized repeatedly in a short span has its score
   // multiplied by (1 + thrash_damping * recent remats), so it is kept resident longer.
-  // 0 turns damping off. recent remats halve every thrash_half_life_ops computed ops.
-  double thrash_damping = 1.0;
+  // 0 (the default since stop 32) turns damping off. recent remats halve every
+  // thrash_half_life_ops computed ops.
+  double thrash_damping = 0.0;
   uint64_t thrash_half_life_ops = 1024;
   // A storage rematerialized this many times within a half-life counts as a thrash event.
   double thrash_report_threshold = 8;

@@ -55,6 +55,17 @@ namespace dtr {
 // thrash_half_life_ops ops. The victim search multiplies the score by
 // (1 + thrash_damping * recent_remats), so a storage that keeps coming back is kept longer;
 // reaching thrash_report_threshold counts a thrash event in the stats.
+// Damping is off by default since stop 32 (thrash_damping 0; the DTR paper's heuristic has no
+// such factor). On the benchmark traces (bench/activation_budgets.py's, medians of 3 traces x 3
+// seeds, dtr, r from 0.6 to 0.25, 34 cells that trained) a damping of 1 cost more in 22 cells
+// and less in 6 (many by 0.01x, within noise). The large differences: the TreeLSTM at r = 0.25
+// 5.90x against 3.14x (its cliff below 0.3) and 1.57x against 1.36x at 0.4, DenseNet at 0.35
+// 2.26x against 1.80x, UNet at 0.4 1.88x against 1.71x, ResNet at 0.4 1.75x against 1.61x; it
+// helped DenseNet at 0.3 (2.46x against 2.93x) and the LSTM at 0.3 and 0.25 (2.17x and 2.31x
+// against 2.21x and 2.50x). Keeping a storage that keeps
+// coming back resident is what the heuristic's staleness already does once it is touched; the
+// extra factor mostly kept stale storages that the next replay did not need. A budget that
+// thrashes all the same fails clearly under Note [Recomputation limit] (remat.cc).
 
 using runtime_internal::IdString;
 

@@ -35,7 +35,9 @@ def torchrun_args(*script_args):
 # gloo's teardown sometimes aborts a rank after the job is done (dist_train.py's barrier before
 # destroy_process_group made it rarer, not impossible). It happens in plain runs too: in stop 31,
 # 2 of 14 runs of the budgeted tests on torch 2.13 aborted so, once in the reference job without
-# dtr. Such a job is launched once more, never twice.
+# dtr. Such a job is launched once more; if that one aborts the same way after every rank wrote
+# its results (twice in a row in stop 32's CI, on a loaded machine), the results stand: they are
+# complete, and the assertions on them are the test.
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
@@ -45,9 +47,13 @@ def launch(tmp_path, tag, cmd, timeout=300, relaunch_after_teardown_abort=True, 
     t0 = time.monotonic()
     r = run(cmd, timeout=timeout, DIST_OUT=out, **env)
     r.seconds = time.monotonic() - t0
-    if (r.returncode != 0 and relaunch_after_teardown_abort and TEARDOWN_ABORT in r.stderr
-            and all((out / f"rank{i}.json").exists() for i in range(RANKS))):
+    r.teardown_aborted = (r.returncode != 0 and TEARDOWN_ABORT in r.stderr
+                          and all((out / f"rank{i}.json").exists() for i in range(RANKS)))
+    if r.teardown_aborted and relaunch_after_teardown_abort:
         return launch(tmp_path, tag + "-again", cmd, timeout, relaunch_after_teardown_abort=False, **env)
+    if r.teardown_aborted:
+        print(f"{tag}: gloo's teardown aborted again after every rank wrote its results; they stand")
+        r.returncode = 0
     r.ranks = []
     if r.returncode != 0:
         # The whole output stays with the test's files; the assertion shows where the ranks
