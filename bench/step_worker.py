@@ -55,34 +55,34 @@ class Watchdog:
     ten times that of wall time): a thrashing step can take minutes, and it would only finish to
     be discarded. Before exiting it reports the block as too slow, so the driver records it like
     a step that finished over the cap. ATen ops release the GIL, so this thread runs during them.
-    A block's first step may take FIRST_STEP_CAP_FACTOR times the cap: on CUDA it also creates the
+    On CUDA a block's first step may take FIRST_STEP_CAP_FACTOR times the cap: it also creates the
     cuBLAS and cuDNN handles and picks kernels (0.2 s on an H100 for a 10 ms step)."""
     def __init__(self, cap):
-        self.cap, self.block, self.cpu0, self.wall0, self.step = cap, None, None, None, None
-        self.step_cap = cap
+        # (block, step, its cap, CPU and wall time at its start), replaced as one value so the
+        # watching thread never mixes one step's start with another's cap.
+        self.cap, self.current = cap, None
         if cap:
             threading.Thread(target=self._watch, daemon=True).start()
 
     def start(self, block, step, step_cap):
-        self.block, self.step, self.step_cap = block, step, step_cap
-        self.wall0 = time.perf_counter()
-        self.cpu0 = time.process_time()
+        self.current = (block, step, step_cap, time.process_time(), time.perf_counter())
 
     def stop(self):
-        self.cpu0 = None
+        self.current = None
 
     def _watch(self):
         while True:
             time.sleep(0.05)
-            cpu0, wall0 = self.cpu0, self.wall0
-            if cpu0 is None:
+            current = self.current
+            if current is None:
                 continue
+            block, step, cap, cpu0, wall0 = current
             dc, dt = time.process_time() - cpu0, time.perf_counter() - wall0
-            cap = self.step_cap
             if dc > cap or dt > 10 * cap:
-                emit(dict(self.block, status="too-slow",
-                          message=f"step {self.step} passed {dt:.2f} s (CPU {dc:.2f} s) > its cap {cap:.3f} s "
-                                  f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step) and was stopped"))
+                emit(dict(block, status="too-slow",
+                          message=f"step {step} passed {dt:.2f} s (CPU {dc:.2f} s) > its cap {cap:.3f} s "
+                                  f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step on CUDA) "
+                                  "and was stopped"))
                 os._exit(0)
 
 
@@ -155,7 +155,7 @@ def run_block(bm, block, batches, args, watchdog):
         if i == args.warmup and DTR:
             before = dtr_stats()
         sync(args.device)
-        cap = args.max_step_seconds * (FIRST_STEP_CAP_FACTOR if i == 0 else 1)
+        cap = args.max_step_seconds * (FIRST_STEP_CAP_FACTOR if i == 0 and args.device == "cuda" else 1)
         watchdog.start(block, i, cap)
         t0, c0 = time.perf_counter(), time.process_time()
         _progress.update(step=i, t0=t0, c0=c0)
@@ -168,7 +168,7 @@ def run_block(bm, block, batches, args, watchdog):
             cpu_times.append(dc)
         if cap and min(dt, dc) > cap:
             raise TooSlow(f"step {i} took {dt:.2f} s (CPU {dc:.2f} s) > its cap {cap:.3f} s "
-                          f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step)")
+                          f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step on CUDA)")
     out = dict(block, status="ok", losses=losses, step_seconds=times, median_step_seconds=statistics.median(times),
                step_cpu_seconds=cpu_times, median_step_cpu_seconds=statistics.median(cpu_times),
                load_average=os.getloadavg()[0], param_digest=param_digest(model))

@@ -102,7 +102,7 @@ def test_activation_budgets_table(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     out = tmp_path / "activations.md"
     r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_budgets.py"), "--build", build, "--models",
-                        "chain", "--work", str(tmp_path), "--out", str(out)],
+                        "chain", "--work", str(tmp_path), "--out", str(out), "--traces", "1", "--seeds", "1,2"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     # One row in the budgets table, one in the unevictable-memory table.

@@ -7,6 +7,7 @@ rank must end the whole job with OutOfMemoryError in bounded time. The three way
 must all put both ranks under dtr, and DTR_STATS_FILE's {rank} must keep their files apart."""
 import json
 import os
+import re
 import shutil
 import time
 
@@ -47,7 +48,9 @@ def launch(tmp_path, tag, cmd, timeout=300, relaunch_after_teardown_abort=True, 
     t0 = time.monotonic()
     r = run(cmd, timeout=timeout, DIST_OUT=out, **env)
     r.seconds = time.monotonic() - t0
-    r.teardown_aborted = (r.returncode != 0 and TEARDOWN_ABORT in r.stderr
+    # The abort and nothing else: a rank killed by SIGABRT, no rank reporting an error.
+    r.teardown_aborted = (r.returncode != 0 and TEARDOWN_ABORT in r.stderr and "(SIGABRT)" in r.stderr
+                          and re.search(r"\[rank\d+\]: ", r.stderr) is None
                           and all((out / f"rank{i}.json").exists() for i in range(RANKS)))
     if r.teardown_aborted and relaunch_after_teardown_abort:
         return launch(tmp_path, tag + "-again", cmd, timeout, relaunch_after_teardown_abort=False, **env)
