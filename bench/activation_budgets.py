@@ -92,7 +92,7 @@ def mib(b):
 
 
 def ratio_cell(median, low, high):
-    """The median run's ratio, then the range over the seeds (`oom` for a seed that ran out)."""
+    """The median run's ratio, then the range over the runs (`oom` for a run that ran out)."""
     if low == high:
         return f"{median:.2f}x"
     return f"{median:.2f}x ({low:.2f}-{'oom' if high == float('inf') else f'{high:.2f}'})"

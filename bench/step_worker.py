@@ -50,6 +50,11 @@ def emit(obj):
 FIRST_STEP_CAP_FACTOR = 10
 
 
+def over_cap(step, verb, wall, cpu, cap):
+    return (f"step {step} {verb} {wall:.2f} s (CPU {cpu:.2f} s) > its cap {cap:.3f} s "
+            f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step on CUDA)")
+
+
 class Watchdog:
     """Ends the process when one training step has used more than `cap` seconds of CPU time (or
     ten times that of wall time): a thrashing step can take minutes, and it would only finish to
@@ -79,10 +84,7 @@ class Watchdog:
             block, step, cap, cpu0, wall0 = current
             dc, dt = time.process_time() - cpu0, time.perf_counter() - wall0
             if dc > cap or dt > 10 * cap:
-                emit(dict(block, status="too-slow",
-                          message=f"step {step} passed {dt:.2f} s (CPU {dc:.2f} s) > its cap {cap:.3f} s "
-                                  f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step on CUDA) "
-                                  "and was stopped"))
+                emit(dict(block, status="too-slow", message=over_cap(step, "passed", dt, dc, cap) + " and was stopped"))
                 os._exit(0)
 
 
@@ -167,8 +169,7 @@ def run_block(bm, block, batches, args, watchdog):
             times.append(dt)
             cpu_times.append(dc)
         if cap and min(dt, dc) > cap:
-            raise TooSlow(f"step {i} took {dt:.2f} s (CPU {dc:.2f} s) > its cap {cap:.3f} s "
-                          f"(--max-step-seconds, x{FIRST_STEP_CAP_FACTOR} for a first step on CUDA)")
+            raise TooSlow(over_cap(i, "took", dt, dc, cap))
     out = dict(block, status="ok", losses=losses, step_seconds=times, median_step_seconds=statistics.median(times),
                step_cpu_seconds=cpu_times, median_step_cpu_seconds=statistics.median(cpu_times),
                load_average=os.getloadavg()[0], param_digest=param_digest(model))

@@ -62,10 +62,8 @@ namespace dtr {
 // 5.90x against 3.14x (its cliff below 0.3) and 1.57x against 1.36x at 0.4, DenseNet at 0.35
 // 2.26x against 1.80x, UNet at 0.4 1.88x against 1.71x, ResNet at 0.4 1.75x against 1.61x; it
 // helped DenseNet at 0.3 (2.46x against 2.93x) and the LSTM at 0.3 and 0.25 (2.17x and 2.31x
-// against 2.21x and 2.50x). Keeping a storage that keeps
-// coming back resident is what the heuristic's staleness already does once it is touched; the
-// extra factor mostly kept stale storages that the next replay did not need. A budget that
-// thrashes all the same fails clearly under Note [Recomputation limit] (remat.cc).
+// against 2.21x and 2.50x). A budget that thrashes all the same fails clearly under Note
+// [Recomputation limit] (remat.cc).
 
 using runtime_internal::IdString;
 
