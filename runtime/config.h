@@ -58,6 +58,10 @@ struct RuntimeConfig {
   uint64_t thrash_half_life_ops = 1024;
   // A storage rematerialized this many times within a half-life counts as a thrash event.
   double thrash_report_threshold = 8;
+  // Note [Staleness of replayed storages] (remat.cc): a storage a rematerialization brings back
+  // keeps the last access it had; only the program's ops touch. true makes a replay touch what it
+  // brings back (the behaviour until stop 33), for the simulator's comparisons.
+  bool replays_refresh_staleness = false;
   uint64_t seed = 0x5eed;
   // Note [Bounded replay chains] (runtime.cc): a storage recorded deeper than this many recipe
   // ops behind the nearest constants becomes a constant itself.

@@ -1,6 +1,7 @@
 // Rematerialization: bringing an evicted storage back by replaying its recipe on an explicit
-// stack of frames (no recursion), keeping evicted siblings a replay recomputes, and counting
-// rematerializations for thrash damping (Note [Thrashing], eviction_search.cc).
+// stack of frames (no recursion), keeping evicted siblings a replay recomputes, leaving their
+// staleness as it was, and counting rematerializations for thrash damping (Note [Thrashing],
+// eviction_search.cc).
 #include <cmath>
 #include <vector>
 
@@ -22,6 +23,27 @@ namespace dtr {
 // its outputs: evicted siblings whose recipe is exactly that op are kept, the rest (resident
 // siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
 // duration of the replay.
+
+// Note [Staleness of replayed storages]
+// Staleness measures how long ago the program used a storage (Note [Heuristics]); a replay is
+// not a use. So a storage a rematerialization brings back, the target and every evicted input
+// and sibling rebuilt on the way, keeps the last access it had before it was evicted; the target
+// is then touched by the op of the program that needed it, as any input is. Until stop 33 every
+// brought-back storage was touched when it came back (issue 16: "replays refresh staleness"),
+// which made a rebuilt segment the freshest memory there was: in a backward pass the storages
+// rebuilt to bring one activation back are needed in the reverse of their forward order, and the
+// checkpoint the replay started from is needed after all of them, but the touch made the
+// heuristic evict older, still-needed storages (that checkpoint, other segments' activations)
+// before the rebuilt ones. In dtr-sim on the activation-budget traces (medians of 3 traces x 3
+// seeds, bench/results/activations.md) dropping the touch took the LSTM at r = 0.5 from 1.37x to
+// 1.28x, ResNet from 1.29x to 1.22x, DenseNet 1.29x to 1.23x, UNet at 0.4 1.72x to 1.60x (and
+// trains it at 0.3), the chain at 0.3 1.49x to 1.39x, the TreeLSTM at 0.3 2.05x to 1.89x; it
+// costs more near the smallest budgets, where a rebuilt input is soon needed by the next replay
+// (the Transformer at r = 0.1 2.42x to 2.70x, the TreeLSTM at 0.25 3.19x to 3.92x). Keeping the
+// staleness the storage had when it was evicted (eviction time not counted), or moving its last
+// access part of the way to now, was worse on most cells (runtime/README.md, issue 16 item 2).
+// RuntimeConfig::replays_refresh_staleness (dtr-sim --replays-refresh-staleness) restores the
+// touch for comparisons.
 
 // Note [Recomputation limit]
 // Below the smallest budget a program can train at, dtr does not always run out of memory: it
@@ -203,7 +225,7 @@ absl::Status Runtime::RunReplay(OpId id, const OpRecord& op, uint64_t output_byt
 }
 
 absl::Status Runtime::FinishRemat(StorageId id) {
-  Touch(id);
+  if (config_.replays_refresh_staleness) Touch(id);  // Note [Staleness of replayed storages]
   SyncPool(id);
   NoteRemat(id);
   return backend_->OnRematerialized(id, rec(id));

@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
-          [--walk-limit N] [--full-walks] [--check]
+          [--walk-limit N] [--full-walks] [--replays-refresh-staleness] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -28,6 +28,8 @@ with no budget. --generate writes a synthetic trace (chain, adversarial, unet, t
 random-dag) to stdout; for adversarial, --b is the budget in unit tensors it plays against.
 --full-walks scores every candidate's neighborhood in full instead of stopping the walks of
 candidates that cannot win (the same decisions, more work: Note [Bounded victim search]).
+--replays-refresh-staleness makes a rematerialization touch the storages it brings back (the rule
+until stop 33: Note [Staleness of replayed storages]).
 )";
 
 int Fail(const std::string& message) {
@@ -61,6 +63,8 @@ int main(int argc, char** argv) {
       options.check_invariants = true;
     } else if (arg == "--full-walks") {
       options.runtime.cut_losing_walks = false;
+    } else if (arg == "--replays-refresh-staleness") {
+      options.runtime.replays_refresh_staleness = true;
     } else if (!value(&v)) {
       return Fail(absl::StrCat("unknown or incomplete option '", arg, "'\n", kUsage));
     } else if (arg == "--trace") {

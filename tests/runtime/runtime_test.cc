@@ -774,6 +774,44 @@ TEST_F(RuntimeTest, DeferredCostCorrectionsReachRecipesAndEvictedNeighborhoods) 
   Check();
 }
 
+// Note [Staleness of replayed storages]: a storage rebuilt on the way to another keeps the last
+// access it had, so it is the next victim before an older storage the program used after it; with
+// replays_refresh_staleness the replay touches it and that older storage goes instead.
+TEST_F(RuntimeTest, ReplaysLeaveTheStalenessOfWhatTheyBringBack) {
+  for (bool refresh : {false, true}) {
+    SCOPED_TRACE(refresh ? "replays refresh staleness" : "replays leave staleness");
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.budget_bytes = 7;
+    config.replays_refresh_staleness = refresh;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 2);
+    StorageId b = Op1("b", {a}, 1);  // the program's last use of a
+    const double a_used = rt_->storage(a)->last_access;
+    // k is as cheap and as large as a, and used after it. (b and l, read by no recipe, are
+    // victims of last resort: Note [Results awaiting their reader].)
+    StorageId k = Op1("k", {x}, 2);
+    StorageId l = Op1("l", {k}, 1);
+    ASSERT_TRUE(rt_->Evict(a).ok());
+    ASSERT_TRUE(rt_->Evict(b).ok());
+    ASSERT_TRUE(rt_->Access(b, 1).ok());  // replays a on the way to b: 7 of 7 bytes
+    ASSERT_TRUE(Resident(a) && Resident(b) && Resident(k) && Resident(l));
+    EXPECT_DOUBLE_EQ(rt_->storage(b)->last_access, rt_->now());  // the program read b
+    if (refresh) {
+      EXPECT_GT(rt_->storage(a)->last_access, rt_->storage(k)->last_access);
+    } else {
+      EXPECT_DOUBLE_EQ(rt_->storage(a)->last_access, a_used);
+    }
+    Check();
+    Op1("e", {x}, 2);  // a or k must go
+    EXPECT_EQ(Resident(a), refresh);
+    EXPECT_EQ(Resident(k), !refresh);
+    EXPECT_TRUE(Resident(b) && Resident(l));
+    Check();
+  }
+}
+
 TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
   double scores[2];
   for (int damping = 0; damping < 2; ++damping) {

@@ -31,6 +31,7 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.search = rng() % 2 ? SearchMode::kExact : SearchMode::kSampled;
     options.runtime.min_samples = 1 + uint32_t(rng() % 4);
     options.runtime.thrash_damping = double(rng() % 3);
+    options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.seed = rng();
     double ratio = 0.2 + 0.8 * std::uniform_real_distribution<double>(0, 1)(rng);
     options.runtime.budget_bytes = std::max<uint64_t>(1, uint64_t(ratio * double(*peak)));
