@@ -47,6 +47,10 @@ struct RuntimeConfig {
   // search], eviction_search.cc): the same decisions for fewer visits. false walks every
   // candidate in full, for the tests and experiments that compare the two.
   bool cut_losing_walks = true;
+  // Note [Neighborhood cost cache] (neighborhoods.cc): a walked neighborhood cost is reused while
+  // fewer than this many evictions and rematerializations have happened since (and no neighbor
+  // of the storage was evicted). 0 walks every time (exact e*).
+  uint32_t neighborhood_cache_events = 8;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;

@@ -307,6 +307,7 @@ bool Runtime::ChooseVictim(StorageId* victim) {
 void Runtime::EvictUnchecked(StorageId id, bool eager) {
   StorageRecord& r = rec(id);
   r.state = StorageState::kEvicted;
+  ++residency_changes_;  // Note [Neighborhood cost cache]
   memory_ -= r.size;
   SyncPool(id);
   backend_->Release(id, r, /*permanently=*/false);
@@ -318,6 +319,7 @@ void Runtime::EvictUnchecked(StorageId id, bool eager) {
     for (StorageId n : neighbours) {
       StorageRecord& nr = rec(n);
       nr.neighbor_evicted = true;  // Note [Evicted-neighbor hint]: an evicted one may come back
+      nr.neighborhood_walked_at = StorageRecord::kNotCached;  // Note [Neighborhood cost cache]
       if (!nr.resident()) components_.Union(node, nr.component);
     }
   };

@@ -1,7 +1,8 @@
 // Neighborhoods in the recipe graph: a storage's dependencies and dependents over live recipes
 // (Note [Recipes], runtime.cc), the cost of its evicted neighborhood that the heuristics score
-// (with the evicted-neighbor hint that skips most walks), and compaction of the union-find
-// evicted components (Note [Evicted components], evicted_components.h).
+// (with the evicted-neighbor hint that skips most walks, and the cache that reuses a walk), and
+// compaction of the union-find evicted components (Note [Evicted components],
+// evicted_components.h).
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -73,6 +74,10 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
   }
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages,
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
+  const uint32_t reuse_for = config_.neighborhood_cache_events;
+  if (reuse_for > 0 && self.neighborhood_walked_at != StorageRecord::kNotCached &&
+      residency_changes_ - self.neighborhood_walked_at < reuse_for)
+    return self.neighborhood_cost;  // Note [Neighborhood cost cache]
   double cost = 0;
   const uint32_t epoch = NextWalkEpoch();
   std::vector<StorageId>& frontier = walk_frontier_;
@@ -132,6 +137,10 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
     if (!any_evicted) self.neighbor_evicted = false;  // both directions were looked at
   }
   if (stopped != nullptr) *stopped = cut;
+  if (!cut) {  // a cut walk's sum is partial: nothing to reuse
+    self.neighborhood_walked_at = residency_changes_;
+    self.neighborhood_cost = cost;
+  }
   return cost;
 }
 
@@ -151,6 +160,33 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
 // against PartialScore::CostLimit before computing the score. Stop 31: identical dtr-sim results
 // on 480 runs (8 traces x dtr, msps, dtr-eq x 5 ratios x both search modes); the costliest of them
 // (the sweep's TreeLSTM at 0.4 of its peak under dtr) 12.2 s -> 9.85 s of simulation.
+// Note [Neighborhood cost cache]
+// Under a tight budget nearly every candidate's walk crosses the same large evicted region (110-140
+// storages a walk on the recurrent models), and real runs score about 22 candidates an eviction
+// call, many of them the same storages call after call: on the CPU TreeLSTM at 0.45 of its peak,
+// 1.3-1.6M visits and 18-22 ms of searching a step against 6-8 ms of its own ops. Yet one eviction
+// or rematerialization changes a region of a hundred storages by one. So a storage keeps its last
+// full walk's cost and reuses it while fewer than neighborhood_cache_events (8) evictions and
+// rematerializations have happened since, with two rules:
+// - evicting a storage clears the cached cost of its neighbors (EvictUnchecked): evicting beside
+//   an evicted neighbor is what grows a recomputation chain, so that change is never missed;
+// - a cut walk (Note [Bounded victim search]) stores nothing, its sum being partial.
+// What a reused cost misses, for at most 8 residency changes: a change two or more hops away (an
+// eviction that extends the region a walk crosses, a rematerialization that shrinks it) and, on a
+// GPU, an op cost corrected since (Note [Deferred op costs]). The cost is an estimate either way
+// (walks are bounded, the search samples). A cut walk and a full walk leave different caches, so
+// Note [Bounded victim search]'s "same decisions" holds with neighborhood_cache_events = 0, which
+// is also exact e* (dtr-sim --neighborhood-cache 0).
+// Measured (stop 33), dtr-sim on activations.md's traces at 0.55 of the peak, seed 1, 0 -> 8:
+// visits 1.71M -> 0.73M (TreeLSTM), 3.56M -> 0.87M (LSTM), 150k -> 72k (DenseNet), 93k -> 71k
+// (chain). Medians of 3 traces x 3 seeds, r = 0.6 .. 0.1: within the seed spread; the largest
+// moves DenseNet at r = 0.5 1.22x -> 1.28x and at 0.3 2.63x -> 2.77x, the TreeLSTM at 0.2
+// 7.24x -> 5.80x, UNet at 0.3 (its floor) out of memory in most runs. 16 saved a third more
+// visits but cost more near the floors (DenseNet at 0.3 3.10x, the TreeLSTM at 0.2 12.3x). Real
+// runs (bench/step_worker.py, torch 2.14.1, CPU, 4 steps, two rounds, 0 -> 8): TreeLSTM at 0.4 of
+// its peak 64-77 -> 44-45 ms a step (searching 36-40 -> 18-20 ms, rematerializations 805-806 ->
+// 762-772), at 0.45 40-46 -> 37 ms; the LSTM at 0.45 36-39 -> 30-34 ms; the chain at 0.3
+// 17-24 -> 17-18 ms.
 uint32_t Runtime::NextWalkEpoch() {
   if (++walk_epoch_ == 0) {  // wrapped: no record may keep a mark from 2^32 walks ago
     storages_.ForEach([](StorageId, StorageRecord& r) { r.walk_epoch = 0; });

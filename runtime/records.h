@@ -88,6 +88,11 @@ struct StorageRecord {
   // a hash set per walk.
   uint32_t walk_epoch = 0;
   ConstantReason constant_reason = ConstantReason::kNone;  // Note [Constants by reason]
+  // Note [Neighborhood cost cache] (neighborhoods.cc): the last full walk's cost, and the
+  // runtime's residency-change count when it was walked (kNotCached: none to reuse).
+  static constexpr uint64_t kNotCached = UINT64_MAX;
+  uint64_t neighborhood_walked_at = kNotCached;
+  double neighborhood_cost = 0;
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

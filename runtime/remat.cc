@@ -195,6 +195,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     r.component = EvictedComponents::kNone;
     --evicted_count_;
     r.state = StorageState::kResident;
+    ++residency_changes_;  // Note [Neighborhood cost cache]
     memory_ += r.size;
     if (o != id) {
       if (absl::Status s = FinishRemat(o); !s.ok()) return s;

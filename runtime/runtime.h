@@ -305,6 +305,7 @@ class Runtime {
   std::vector<StorageId> scratch_;
   std::vector<StorageId> walk_frontier_;  // scratch for one neighborhood walk
   uint32_t walk_epoch_ = 0;
+  uint64_t residency_changes_ = 0;  // evictions and rematerializations: Note [Neighborhood cost cache]
   std::mt19937_64 rng_;
   mutable RuntimeStats stats_;
 };

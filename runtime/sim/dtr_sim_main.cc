@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
-          [--walk-limit N] [--full-walks] [--replays-refresh-staleness] [--check]
+          [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -28,6 +28,8 @@ with no budget. --generate writes a synthetic trace (chain, adversarial, unet, t
 random-dag) to stdout; for adversarial, --b is the budget in unit tensors it plays against.
 --full-walks scores every candidate's neighborhood in full instead of stopping the walks of
 candidates that cannot win (the same decisions, more work: Note [Bounded victim search]).
+--neighborhood-cache N reuses a walked neighborhood cost for N evictions and rematerializations
+(default 8; 0: walk every time, exact e*: Note [Neighborhood cost cache]).
 --replays-refresh-staleness makes a rematerialization touch the storages it brings back (the rule
 until stop 33: Note [Staleness of replayed storages]).
 )";
@@ -102,6 +104,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--max-samples") {
       if (!absl::SimpleAtoi(v, &options.runtime.max_samples))
         return Fail(absl::StrCat("--max-samples: not a number '", v, "'"));
+    } else if (arg == "--neighborhood-cache") {
+      if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_cache_events))
+        return Fail(absl::StrCat("--neighborhood-cache: not a number '", v, "'"));
     } else if (arg == "--walk-limit") {
       if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_walk_limit))
         return Fail(absl::StrCat("--walk-limit: not a number '", v, "'"));

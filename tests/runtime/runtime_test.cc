@@ -723,6 +723,7 @@ TEST_F(RuntimeTest, EvictedNeighborHintFollowsStoragesBackIntoResidence) {
   RuntimeConfig config;
   config.search = SearchMode::kExact;
   config.thrash_damping = 0;  // scores without Note [Thrashing]'s factor for the remats below
+  config.neighborhood_cache_events = 0;  // every score walks (Note [Neighborhood cost cache])
   Make(config);
   StorageId x = Const(1);
   StorageId a = Op1("a", {x}, 2, 1);
@@ -808,6 +809,42 @@ TEST_F(RuntimeTest, ReplaysLeaveTheStalenessOfWhatTheyBringBack) {
     EXPECT_EQ(Resident(a), refresh);
     EXPECT_EQ(Resident(k), !refresh);
     EXPECT_TRUE(Resident(b) && Resident(l));
+    Check();
+  }
+}
+
+// Note [Neighborhood cost cache]: a walked cost is reused for neighborhood_cache_events
+// evictions and rematerializations, except that evicting a neighbor clears it at once.
+TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborGoesOrItExpires) {
+  for (uint32_t reuse_for : {0u, 16u}) {
+    SCOPED_TRACE(reuse_for);
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.heuristic = HeuristicKind::kDtr;
+    config.neighborhood_cache_events = reuse_for;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 2, 1);
+    StorageId b = Op1("b", {a}, 2, 10);
+    StorageId c = Op1("c", {b}, 2, 100);
+    StorageId d = Op1("d", {c}, 2, 1000);
+    StorageId y = Op1("y", {x}, 2, 1);  // unrelated, evicted and brought back to pass time
+    auto score = [&](StorageId id, double neighborhood) {
+      const StorageRecord& r = *rt_->storage(id);
+      return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
+    };
+    ASSERT_TRUE(rt_->Evict(b).ok());  // a's neighbor: a's e* = {b}
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));
+    ASSERT_TRUE(rt_->Evict(c).ok());  // two hops from a: e* = {b, c}, but a's cache is not cleared
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse_for == 0 ? 110 : 10));
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(d), score(d, 110));  // c's neighbor: walked afresh
+    for (int i = 0; i < 7; ++i) {  // 14 more residency changes: 15 since a was walked
+      ASSERT_TRUE(rt_->Evict(y).ok());
+      ASSERT_TRUE(rt_->Access(y).ok());
+    }
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse_for == 0 ? 110 : 10));
+    ASSERT_TRUE(rt_->Evict(y).ok());  // the 16th: the cached cost expires
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 110));
     Check();
   }
 }
@@ -975,6 +1012,7 @@ TEST_F(RuntimeTest, CuttingLosingWalksKeepsTheRankedList) {
       config.search = search;
       config.min_samples = config.max_samples = 8;
       config.cut_losing_walks = cut;
+      config.neighborhood_cache_events = 0;  // Note [Neighborhood cost cache]: cut and full walks cache differently
       Make(config);
       // A chain with side branches, then evictions all along it, ranked after each.
       StorageId x = Const(1);

@@ -84,6 +84,8 @@ TEST(Simulator, CuttingLosingWalksKeepsEveryDecision) {
           options.runtime.max_samples = 8;  // sampled searches even on these small traces
           options.runtime.min_samples = 4;
           options.check_invariants = false;
+          // Cut and full walks leave different caches (Note [Neighborhood cost cache]).
+          options.runtime.neighborhood_cache_events = 0;
           const std::string what = absl::StrCat(kind, " ", HeuristicName(h), " ", SearchModeName(search), " 0.", tenths);
           auto cut = Simulate(trace, options);
           options.runtime.cut_losing_walks = false;
