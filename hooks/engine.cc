@@ -40,6 +40,7 @@ absl::Status Engine::Init() {
   rc.search = cfg_.search;
   rc.max_replay_depth = cfg_.max_replay_depth;
   rc.max_recompute_ratio = cfg_.max_recompute_ratio;
+  rc.neighborhood_cache_events = cfg_.neighborhood_cache_events;
   auto rt = Runtime::Create(rc, this);
   if (!rt.ok()) return rt.status();
   rt_ = std::move(*rt);

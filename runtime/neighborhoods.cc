@@ -76,8 +76,10 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
   const uint32_t reuse_for = config_.neighborhood_cache_events;
   if (reuse_for > 0 && self.neighborhood_walked_at != StorageRecord::kNotCached &&
-      residency_changes_ - self.neighborhood_walked_at < reuse_for)
+      residency_changes_ - self.neighborhood_walked_at < reuse_for) {
+    ++stats_.neighborhood_cache_hits;
     return self.neighborhood_cost;  // Note [Neighborhood cost cache]
+  }
   double cost = 0;
   const uint32_t epoch = NextWalkEpoch();
   std::vector<StorageId>& frontier = walk_frontier_;
@@ -168,25 +170,27 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
 // or rematerialization changes a region of a hundred storages by one. So a storage keeps its last
 // full walk's cost and reuses it while fewer than neighborhood_cache_events (8) evictions and
 // rematerializations have happened since, with two rules:
-// - evicting a storage clears the cached cost of its neighbors (EvictUnchecked): evicting beside
-//   an evicted neighbor is what grows a recomputation chain, so that change is never missed;
+// - evicting or bringing back a storage clears the cached cost of its neighbors (EvictUnchecked,
+//   ReplayFirstOp): a storage's own neighbors are never stale, and evicting beside an evicted
+//   neighbor is what grows a recomputation chain;
 // - a cut walk (Note [Bounded victim search]) stores nothing, its sum being partial.
-// What a reused cost misses, for at most 8 residency changes: a change two or more hops away (an
-// eviction that extends the region a walk crosses, a rematerialization that shrinks it) and, on a
-// GPU, an op cost corrected since (Note [Deferred op costs]). The cost is an estimate either way
-// (walks are bounded, the search samples). A cut walk and a full walk leave different caches, so
-// Note [Bounded victim search]'s "same decisions" holds with neighborhood_cache_events = 0, which
-// is also exact e* (dtr-sim --neighborhood-cache 0).
+// What a reused cost misses, for at most 8 residency changes: changes two or more hops away (an
+// eviction that extends the region the walk crossed: an underestimate; a rematerialization, or
+// an evicted storage collected, that shrinks it: an overestimate), edges dropped with a recipe
+// (Detach, ClearRecipe: an overestimate) and, on a GPU, op costs corrected since (Note [Deferred
+// op costs]). The cost is an estimate either way (walks are bounded, the search samples). A cut
+// walk and a full walk leave different caches, so Note [Bounded victim search]'s "same
+// decisions" holds with neighborhood_cache_events = 0, which is also exact e* (dtr-sim
+// --neighborhood-cache 0). `neighborhood_cache_hits` in the stats counts the walks saved.
 // Measured (stop 33), dtr-sim on activations.md's traces at 0.55 of the peak, seed 1, 0 -> 8:
-// visits 1.71M -> 0.73M (TreeLSTM), 3.56M -> 0.87M (LSTM), 150k -> 72k (DenseNet), 93k -> 71k
-// (chain). Medians of 3 traces x 3 seeds, r = 0.6 .. 0.1: within the seed spread; the largest
-// moves DenseNet at r = 0.5 1.22x -> 1.28x and at 0.3 2.63x -> 2.77x, the TreeLSTM at 0.2
-// 7.24x -> 5.80x, UNet at 0.3 (its floor) out of memory in most runs. 16 saved a third more
-// visits but cost more near the floors (DenseNet at 0.3 3.10x, the TreeLSTM at 0.2 12.3x). Real
-// runs (bench/step_worker.py, torch 2.14.1, CPU, 4 steps, two rounds, 0 -> 8): TreeLSTM at 0.4 of
-// its peak 64-77 -> 44-45 ms a step (searching 36-40 -> 18-20 ms, rematerializations 805-806 ->
-// 762-772), at 0.45 40-46 -> 37 ms; the LSTM at 0.45 36-39 -> 30-34 ms; the chain at 0.3
-// 17-24 -> 17-18 ms.
+// visits 1.71M -> 0.73M (TreeLSTM), 3.56M -> 0.92M (LSTM), 150k -> 72k (DenseNet), 93k -> 71k
+// (chain). Medians of 3 traces x 3 seeds on the same traces, r = 0.6 .. 0.1, moved by at most
+// the seed spread: the largest moves DenseNet at r = 0.5 1.22x -> 1.28x and at 0.3 2.63x ->
+// 2.96x, the LSTM at 0.45 1.38x -> 1.48x, the TreeLSTM at 0.25 3.94x -> 4.26x and at 0.2
+// 7.24x -> 6.30x, ResNet at 0.35 1.79x -> 1.66x. 16 saved a third more visits but cost more near
+// the floors (DenseNet at 0.3 3.10x, the TreeLSTM at 0.2 12.3x). Real runs (bench/step_worker.py,
+// torch 2.14.1, CPU, 4 steps, DTR_NEIGHBORHOOD_CACHE=0 against 8, three rounds): search time a
+// step 25-50% lower, step time 5-25% (bench/results/runtime.md).
 uint32_t Runtime::NextWalkEpoch() {
   if (++walk_epoch_ == 0) {  // wrapped: no record may keep a mark from 2^32 walks ago
     storages_.ForEach([](StorageId, StorageRecord& r) { r.walk_epoch = 0; });

@@ -28,7 +28,8 @@ namespace dtr {
 // Staleness measures how long ago the program used a storage (Note [Heuristics]); a replay is
 // not a use. So a storage a rematerialization brings back, the target and every evicted input
 // and sibling rebuilt on the way, keeps the last access it had before it was evicted; the target
-// is then touched by the op of the program that needed it, as any input is. Until stop 33 every
+// is then touched by the op of the program that needed it, as any input is (or by Pin, which
+// hands its data to the program). Until stop 33 every
 // brought-back storage was touched when it came back (issue 16: "replays refresh staleness"),
 // which made a rebuilt segment the freshest memory there was: in a backward pass the storages
 // rebuilt to bring one activation back are needed in the reverse of their forward order, and the
@@ -195,7 +196,8 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     r.component = EvictedComponents::kNone;
     --evicted_count_;
     r.state = StorageState::kResident;
-    ++residency_changes_;  // Note [Neighborhood cost cache]
+    ++residency_changes_;  // Note [Neighborhood cost cache]: and the neighbors' costs just fell
+    ForEachNeighbor(o, [&](StorageId n) { rec(n).neighborhood_walked_at = StorageRecord::kNotCached; });
     memory_ += r.size;
     if (o != id) {
       if (absl::Status s = FinishRemat(o); !s.ok()) return s;

@@ -288,9 +288,13 @@ absl::Status Runtime::DropRef(StorageId id) {
 absl::Status Runtime::Pin(StorageId id) {
   if (auto r = Lookup(id, "pin"); !r.ok()) return r.status();
   Lock(id);
+  const bool brought_back = !rec(id).resident();
   absl::Status s = Materialize(id);
   Unlock(id);
   if (s.ok()) {
+    // Pinning is the program's use (its data is handed out), so a storage it brings back is
+    // touched, as the op that needed it would (Note [Staleness of replayed storages]).
+    if (brought_back) Touch(id);
     ++rec(id).pins;
     SyncPool(id);
   }

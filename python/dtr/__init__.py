@@ -40,6 +40,7 @@ OPTIONS = {
     "cuda_allocator": "DTR_CUDA_ALLOCATOR",
     "max_replay_depth": "DTR_MAX_REPLAY_DEPTH",
     "max_recompute": "DTR_MAX_RECOMPUTE",
+    "neighborhood_cache": "DTR_NEIGHBORHOOD_CACHE",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

@@ -24,6 +24,7 @@ CLI_OPTIONS = {
     "--cuda-allocator": "DTR_CUDA_ALLOCATOR",
     "--max-replay-depth": "DTR_MAX_REPLAY_DEPTH",
     "--max-recompute": "DTR_MAX_RECOMPUTE",
+    "--neighborhood-cache": "DTR_NEIGHBORHOOD_CACHE",
 }
 
 

@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace dtr::hooks {
 namespace {
 
@@ -103,6 +105,22 @@ TEST(ParseEnvConfig, MaxRecompute) {
     auto b = FakeEnv{{{"DTR_MAX_RECOMPUTE", bad}}}.Parse();
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_MAX_RECOMPUTE"));
+  }
+}
+
+// Note [Neighborhood cost cache] (runtime/neighborhoods.cc).
+TEST(ParseEnvConfig, NeighborhoodCache) {
+  EXPECT_EQ(FakeEnv{}.Parse()->neighborhood_cache_events, RuntimeConfig{}.neighborhood_cache_events);
+  for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"16", 16}}) {
+    auto c = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", text}}}.Parse();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->neighborhood_cache_events, value);
+    EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat("neighborhood_cache=", value)));
+  }
+  for (const char* bad : {"-1", "x", "1.5", "", "9999999999"}) {
+    auto b = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_NEIGHBORHOOD_CACHE"));
   }
 }
 

@@ -813,11 +813,30 @@ TEST_F(RuntimeTest, ReplaysLeaveTheStalenessOfWhatTheyBringBack) {
   }
 }
 
+// Pinning hands a storage's data to the program: a use, so a storage Pin brings back is touched
+// (what it rebuilt on the way is not: Note [Staleness of replayed storages]).
+TEST_F(RuntimeTest, PinTouchesWhatItBringsBack) {
+  Make(kUnlimitedBudget, HeuristicKind::kDtr);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 2);
+  StorageId b = Op1("b", {a}, 2);
+  const double a_used = rt_->storage(a)->last_access;
+  Op1("later", {x}, 2, 5);
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  ASSERT_TRUE(rt_->Pin(b).ok());
+  EXPECT_DOUBLE_EQ(rt_->storage(b)->last_access, rt_->now());
+  EXPECT_DOUBLE_EQ(rt_->storage(a)->last_access, a_used);
+  ASSERT_TRUE(rt_->Unpin(b).ok());
+  Check();
+}
+
 // Note [Neighborhood cost cache]: a walked cost is reused for neighborhood_cache_events
-// evictions and rematerializations, except that evicting a neighbor clears it at once.
-TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborGoesOrItExpires) {
+// evictions and rematerializations, except that evicting or bringing back a neighbor clears it.
+TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborChangesOrItExpires) {
   for (uint32_t reuse_for : {0u, 16u}) {
     SCOPED_TRACE(reuse_for);
+    const bool reuse = reuse_for > 0;
     RuntimeConfig config;
     config.search = SearchMode::kExact;
     config.heuristic = HeuristicKind::kDtr;
@@ -828,25 +847,63 @@ TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborGoesOrItExpires) {
     StorageId b = Op1("b", {a}, 2, 10);
     StorageId c = Op1("c", {b}, 2, 100);
     StorageId d = Op1("d", {c}, 2, 1000);
-    StorageId y = Op1("y", {x}, 2, 1);  // unrelated, evicted and brought back to pass time
+    Op1("e", {d}, 2, 10000);
+    StorageId y = Op1("y", {x}, 2, 1);  // unrelated: evicted and brought back to pass time
     auto score = [&](StorageId id, double neighborhood) {
       const StorageRecord& r = *rt_->storage(id);
       return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
     };
-    ASSERT_TRUE(rt_->Evict(b).ok());  // a's neighbor: a's e* = {b}
-    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));
-    ASSERT_TRUE(rt_->Evict(c).ok());  // two hops from a: e* = {b, c}, but a's cache is not cleared
-    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse_for == 0 ? 110 : 10));
-    EXPECT_DOUBLE_EQ(rt_->ScoreOf(d), score(d, 110));  // c's neighbor: walked afresh
-    for (int i = 0; i < 7; ++i) {  // 14 more residency changes: 15 since a was walked
+    ASSERT_TRUE(rt_->Evict(b).ok());  // residency change 1
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));  // walked: e*(a) = {b}
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 10));  // walked: e*(c) = {b}
+    ASSERT_TRUE(rt_->Evict(d).ok());  // 2: c's neighbor, so c walks again
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 1010));
+    ASSERT_TRUE(rt_->Evict(c).ok());  // 3: two hops from a: e*(a) = {b, c, d}, a keeps its cost
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse ? 10 : 1110));
+    for (int i = 0; i < 6; ++i) {  // 4-15
       ASSERT_TRUE(rt_->Evict(y).ok());
       ASSERT_TRUE(rt_->Access(y).ok());
     }
-    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse_for == 0 ? 110 : 10));
-    ASSERT_TRUE(rt_->Evict(y).ok());  // the 16th: the cached cost expires
-    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 110));
+    ASSERT_TRUE(rt_->Evict(y).ok());  // 16: 15 since a was walked
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, reuse ? 10 : 1110));
+    ASSERT_TRUE(rt_->Access(y).ok());  // 17: 16 since, the cached cost expires
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 1110));
+    ASSERT_TRUE(rt_->Access(b).ok());  // a's neighbor comes back: e*(a) = {} at once
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 0));
     Check();
   }
+}
+
+// Note [Neighborhood cost cache]: a walk cut short by the victim search (Note [Bounded victim
+// search]) leaves nothing to reuse, so the next score is the full one.
+TEST_F(RuntimeTest, ACutWalkLeavesNoCostToReuse) {
+  uint64_t visits[2];
+  for (bool cut : {false, true}) {
+    SCOPED_TRACE(cut);
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.heuristic = HeuristicKind::kDtr;
+    config.neighborhood_cache_events = 16;
+    config.cut_losing_walks = cut;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId p = Op1("p", {x}, 2, 1);  // the staler of p and q: scored first, and the victim
+    StorageId s1 = Op1("s1", {p}, 2, 5);
+    Op1("s2", {s1}, 2, 1);
+    StorageId q = Op1("q", {x}, 2, 1);
+    StorageId r1 = Op1("r1", {q}, 2, 100);
+    StorageId r2 = Op1("r2", {r1}, 2, 100);
+    Op1("r3", {r2}, 2, 1);
+    for (StorageId id : {s1, r1, r2}) ASSERT_TRUE(rt_->Evict(id).ok());
+    const uint64_t before = rt_->stats().neighborhood_visits;
+    ASSERT_EQ(rt_->EvictAtLeast(1), 2u);
+    visits[cut] = rt_->stats().neighborhood_visits - before;
+    EXPECT_FALSE(Resident(p));
+    const StorageRecord& rq = *rt_->storage(q);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(q), (1 + 200) / (2 * (rt_->now() - rq.last_access + 1)));
+    Check();
+  }
+  EXPECT_LT(visits[true], visits[false]);  // q's walk was cut at r1
 }
 
 TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
