@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 
@@ -30,12 +31,42 @@ def clean_env(**extra):
     return env
 
 
+class Hung(subprocess.TimeoutExpired):
+    """A run past its timeout. Its stderr ends with every thread's native stack, taken before the
+    process was killed, so that a hang in CI says where it hung."""
+
+    def __str__(self):
+        return super().__str__() + "\n--- stderr, then the stacks (tail) ---\n" + \
+            (self.stderr or b"").decode(errors="replace")[-12000:]
+
+
+def native_stacks(pid):
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(no gdb on this machine: no stacks)"
+    try:
+        r = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 40"],
+                           capture_output=True, text=True, timeout=120)
+        return r.stdout[-20000:] + r.stderr[-2000:]
+    except (OSError, subprocess.SubprocessError) as ex:
+        return f"(gdb failed: {ex})"
+
+
 def run(args, preload=False, timeout=300, **dtr_env):
-    """Runs a command in a subprocess; with preload, under LD_PRELOAD=libdtr.so and DTR_* vars."""
+    """Runs a command in a subprocess; with preload, under LD_PRELOAD=libdtr.so and DTR_* vars.
+    Past `timeout` seconds it raises Hung with the process's native stacks."""
     env = clean_env(**dtr_env)
     if preload:
         env["LD_PRELOAD"] = dtr_lib()
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = native_stacks(p.pid)
+        p.kill()
+        out, err = p.communicate()
+        raise Hung(args, timeout, output=out, stderr=err + b"\n--- native stacks ---\n" + stacks.encode())
+    return subprocess.CompletedProcess(args, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 @pytest.fixture(scope="session", autouse=True)
