@@ -87,6 +87,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
+  // Note [No Python decref under the engine lock]: the op's kernel pops its arguments off the
+  // stack while mu_ is held. Dropping the last C++ reference to a tensor that has a Python object
+  // decrefs that object, which takes the GIL; a thread holding the GIL and waiting for mu_ (a
+  // Python call that does not release the GIL, such as Tensor.numpy()'s detach) then deadlocks
+  // with this one (seen: two training threads, one in clone, one in numpy). These copies keep the
+  // arguments alive until after mu_ is released: declared before the lock, destroyed after it.
+  const std::vector<c10::IValue> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
   auto it = infos_.find(&schema);
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
