@@ -48,6 +48,22 @@ EvictionResult ScoreOrderEvictionStrategy::Evict(CachingAllocator& allocator,
   return result;
 }
 
+const EvictionCandidate* FragmentationAwareEvictionStrategy::ChooseFirst(
+    CachingAllocator& allocator, const EvictionRequest& request, const std::vector<EvictionCandidate>& by_score,
+    bool* fits_alone) {
+  if (fits_alone != nullptr) *fits_alone = false;
+  for (const EvictionCandidate& c : by_score) {
+    // An infinite score marks a victim of last resort (Note [Results awaiting their reader],
+    // runtime/eviction_search.cc): never chosen for its fit, only by score order once the others
+    // are gone.
+    if (std::isinf(c.score)) break;
+    if (!allocator.WouldSatisfyIfFreed(c.ptr, request)) continue;
+    if (fits_alone != nullptr) *fits_alone = true;
+    return &c;
+  }
+  return by_score.empty() ? nullptr : &by_score.front();
+}
+
 EvictionResult FragmentationAwareEvictionStrategy::Evict(
     CachingAllocator& allocator, const EvictionRequest& request,
     std::vector<EvictionCandidate> candidates, const EvictFn& evict) const {
@@ -59,18 +75,16 @@ EvictionResult FragmentationAwareEvictionStrategy::Evict(
   SortByScore(candidates);
   // One victim that is enough on its own, merged with the free space around it: the first such in
   // score order has the lowest score.
-  for (auto it = candidates.begin(); it != candidates.end(); ++it) {
-    // An infinite score marks a victim of last resort (Note [Results awaiting their reader],
-    // runtime/eviction_search.cc): never chosen here, only by score order once the others are gone.
-    if (std::isinf(it->score)) break;
-    if (!allocator.WouldSatisfyIfFreed(it->ptr, request)) continue;
-    const EvictionCandidate chosen = *it;
-    candidates.erase(it);
+  bool fits_alone;
+  const EvictionCandidate* first = ChooseFirst(allocator, request, candidates, &fits_alone);
+  if (fits_alone) {
+    const EvictionCandidate chosen = *first;
+    candidates.erase(candidates.begin() + (first - candidates.data()));
     if (EvictOne(allocator, chosen, evict, result) && allocator.CanSatisfy(request)) {
       result.satisfied = true;
       return result;
     }
-    break;  // raced with another thread or the evict callback declined: fall back
+    // raced with another thread or the evict callback declined: fall back
   }
   EvictionResult rest = ScoreOrderEvictionStrategy().Evict(allocator, request,
                                                            std::move(candidates), evict);

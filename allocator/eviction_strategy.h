@@ -54,6 +54,13 @@ class FragmentationAwareEvictionStrategy : public EvictionStrategy {
   EvictionResult Evict(CachingAllocator& allocator, const EvictionRequest& request,
                        std::vector<EvictionCandidate> candidates,
                        const EvictFn& evict) const override;
+  // The victim this strategy evicts first among candidates sorted by score (lowest first): the
+  // lowest-scored whose freeing alone satisfies the request (*fits_alone = true), else the
+  // lowest-scored; nullptr for none. For a caller that evicts one victim and ranks again (Note
+  // [One victim at a time], hooks/engine.cc).
+  static const EvictionCandidate* ChooseFirst(CachingAllocator& allocator, const EvictionRequest& request,
+                                              const std::vector<EvictionCandidate>& by_score,
+                                              bool* fits_alone = nullptr);
 };
 
 // An EvictionHandler built from runtime callbacks and a strategy. This is how the DTR runtime

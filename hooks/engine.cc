@@ -671,6 +671,72 @@ alloc::CachingAllocator* Engine::ScratchAllocator() {
   return nullptr;
 }
 
+// Note [One victim at a time]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An eviction changes the scores of what stays: the victim's cost joins its neighbours'
+// evicted neighborhoods (e*), so a neighbour scored before it was evicted looks cheaper than it
+// is. The allocators therefore evict one victim per search and search again, as
+// Runtime::Reserve does. Until stop 34 they evicted down a list ranked once (32 candidates), so
+// a layer's neighbours went after it on stale scores and replays grew long. Real CPU runs (torch
+// 2.14.1, two rounds each, rematerializations a step, list -> one at a time): DenseNet at 0.45 of
+// its peak 318-368 -> 79-81 (steps 135-157 -> 114-117 ms), the LSTM at 0.45 496-599 -> 418-427,
+// UNet at 0.55 58-90 -> 46-57, ResNet at 0.55 86-144 -> 90-101; the TreeLSTM at 0.45 567-586 ->
+// 747-758 (its steps are mostly search: 49 -> 56 ms). dtr-sim agrees: Runtime::Reserve made to
+// evict down a list of 32 instead cost more at r = 0.4 of the activations (3 traces x 3 seeds,
+// medians): ResNet 1.47x -> 1.73x, DenseNet 1.47x -> 1.87x, the LSTM 1.59x -> 1.74x, the
+// TreeLSTM 1.41x -> 1.40x.
+// Where any freed byte serves any request, the victim is the runtime's own choice
+// (Runtime::NextVictim), exactly the one Runtime::Reserve takes and dtr-sim replays: the CPU
+// allocator gives every tensor its own segment (Note [CPU allocator granularity],
+// cpu_allocator_adapter.cc) and the native CUDA backend places blocks itself. The dtr CUDA
+// backend shares segments between blocks, so there the fragmentation-aware strategy picks one
+// victim among the 32 best ranked (FragmentationAwareEvictionStrategy::ChooseFirst: the best
+// whose block alone makes the request fit, else the best). A storage on another device than
+// the one short of memory is skipped by searching the ranked list instead
+// (EvictRankedOn); with one device in use, as under torchrun, that never happens. Neither CUDA
+// path has run on a GPU with this rule yet (stop 34 had none).
+
+bool Engine::EvictNextVictimOn(int cuda_device, size_t* bytes) {
+  std::optional<Runtime::Candidate> next = rt_->NextVictim();
+  if (!next) return false;
+  Entry* e = reinterpret_cast<Entry*>(next->handle);
+  if (e == nullptr) e = FindEntry(next->id);
+  if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device)
+    return EvictRankedOn(cuda_device, nullptr, nullptr, bytes);
+  const size_t size = e->slot->bytes;
+  if (!rt_->Evict(next->id).ok()) return false;
+  *bytes = size;
+  return true;
+}
+
+bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request,
+                           size_t* bytes) {
+  // The runtime ranks its lowest-scored storages (a sample, Note [Ranked candidates]); a ranking
+  // with nothing on this device asks for the whole pool once before giving up.
+  for (size_t k : {size_t{32}, kWholePool}) {
+    std::vector<alloc::EvictionCandidate> candidates;
+    std::vector<std::pair<StorageId, size_t>> storages;
+    for (const Runtime::Candidate& c : rt_->RankedCandidates(k)) {
+      Entry* e = reinterpret_cast<Entry*>(c.handle);
+      if (e == nullptr) e = FindEntry(c.id);
+      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device) continue;
+      candidates.push_back({e->slot->mem, c.score});
+      storages.push_back({c.id, e->slot->bytes});
+    }
+    if (candidates.empty()) continue;
+    size_t chosen = 0;  // the best, unless the allocator can tell which block fits
+    if (a != nullptr) {
+      const alloc::EvictionCandidate* first =
+          alloc::FragmentationAwareEvictionStrategy::ChooseFirst(*a, *request, candidates);
+      chosen = size_t(first - candidates.data());
+    }
+    if (!rt_->Evict(storages[chosen].first).ok()) return false;
+    *bytes = storages[chosen].second;
+    return true;
+  }
+  return false;
+}
+
 alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,
                                          const alloc::EvictionRequest& request) {
   alloc::EvictionResult res;
@@ -678,36 +744,14 @@ alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_de
   if (!l.owns_lock() || paused() || CaptureUnderway()) return res;
   Busy b(this);
   SearchClock search_clock(this);
-  // The runtime ranks its lowest-scored storages (a sample, Note [Ranked candidates]); the
-  // allocator's fragmentation-aware strategy picks among them (a single victim whose freed block
-  // fits, else by score), re-ranking per batch. A ranking with nothing on this device asks for
-  // the whole pool once before giving up.
-  static const alloc::FragmentationAwareEvictionStrategy strategy;
-  size_t k = 32;
+  // Note [One victim at a time]: the CPU allocator (cuda_device -1) frees whole segments.
   while (!a.CanSatisfy(request)) {
-    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(k);
-    std::vector<alloc::EvictionCandidate> candidates;
-    absl::flat_hash_map<void*, StorageId> storage_at;
-    for (const Runtime::Candidate& c : ranked) {
-      Entry* e = reinterpret_cast<Entry*>(c.handle);
-      if (e == nullptr) e = FindEntry(c.id);
-      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device) continue;
-      candidates.push_back({e->slot->mem, c.score});
-      storage_at[e->slot->mem] = c.id;
-    }
-    if (candidates.empty()) {
-      if (k == kWholePool) break;
-      k = kWholePool;
-      continue;
-    }
-    k = 32;
-    alloc::EvictionResult round = strategy.Evict(a, request, std::move(candidates),
-                                                 [&](const alloc::EvictionCandidate& c) {
-                                                   return rt_->Evict(storage_at.at(c.ptr)).ok();
-                                                 });
-    res.bytes_freed += round.bytes_freed;
-    res.blocks_freed += round.blocks_freed;
-    if (round.blocks_freed == 0) break;
+    size_t bytes = 0;
+    const bool evicted = cuda_device < 0 ? EvictNextVictimOn(cuda_device, &bytes)
+                                         : EvictRankedOn(cuda_device, &a, &request, &bytes);
+    if (!evicted) break;
+    res.bytes_freed += bytes;
+    ++res.blocks_freed;
   }
   res.satisfied = a.CanSatisfy(request);
   // For the out-of-memory report only; a walk over the pool, so not on every call.
@@ -769,28 +813,10 @@ size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()
   Busy b(this);
   SearchClock search_clock(this);
   size_t freed = 0;
-  size_t k = 32;
-  while (!enough()) {
-    std::vector<Runtime::Candidate> ranked = rt_->RankedCandidates(k);
-    size_t round = 0;
-    bool any_here = false;
-    for (const Runtime::Candidate& c : ranked) {
-      Entry* e = reinterpret_cast<Entry*>(c.handle);
-      if (e == nullptr) e = FindEntry(c.id);
-      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != device) continue;
-      any_here = true;
-      const size_t bytes = e->slot->bytes;
-      if (!rt_->Evict(c.id).ok()) continue;
-      round += bytes;
-      if (enough()) break;
-    }
-    freed += round;
-    if (round == 0) {
-      // The ranked (a sample, Note [Ranked candidates]) were all on other devices: rank the
-      // whole pool once before giving up.
-      if (any_here || k == kWholePool) break;
-      k = kWholePool;
-    }
+  while (!enough()) {  // Note [One victim at a time]
+    size_t bytes = 0;
+    if (!EvictNextVictimOn(int(device), &bytes)) break;
+    freed += bytes;
   }
   return freed;
 }

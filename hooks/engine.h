@@ -129,6 +129,11 @@ class Engine final : public ReplayBackend,
   }
   // Evicts storages on `cuda_device` (-1: host) until `a` can serve `request`.
   alloc::EvictionResult MakeRoomOn(alloc::CachingAllocator& a, int cuda_device, const alloc::EvictionRequest& request);
+  // Note [One victim at a time]: each evicts one storage on `cuda_device` (-1: host) and sets
+  // *bytes to its size; false when none there can be evicted. EvictRankedOn lets `a`, when
+  // given, prefer a victim whose block makes `request` fit.
+  bool EvictNextVictimOn(int cuda_device, size_t* bytes);
+  bool EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request, size_t* bytes);
   ManagedDevice managed() const { return managed_; }
 
 #if DTR_WITH_CUDA

@@ -240,7 +240,7 @@ bool Runtime::DrawCandidates() {
   return true;
 }
 
-bool Runtime::ChooseVictim(StorageId* victim) {
+bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   size_t n = pool_.size();
   if (n == 0) return false;
   ++stats_.eviction_searches;
@@ -297,10 +297,12 @@ bool Runtime::ChooseVictim(StorageId* victim) {
     ScoreCandidates(1, small);
     for (size_t i = 0; i < candidates_.size(); ++i) consider(i);
   }
-  if (best_id.valid()) *victim = best_id;
-  else if (best_small_id.valid()) *victim = best_small_id;
+  double chosen_score = std::numeric_limits<double>::infinity();  // an unread result's
+  if (best_id.valid()) *victim = best_id, chosen_score = best;
+  else if (best_small_id.valid()) *victim = best_small_id, chosen_score = best_small;
   else if (best_unread_id.valid()) *victim = best_unread_id;
   else return false;
+  if (score != nullptr) *score = chosen_score;
   return true;
 }
 
@@ -428,6 +430,14 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
   }
   if (all.size() > max_count) all.resize(max_count);
   return all;
+}
+
+std::optional<Runtime::Candidate> Runtime::NextVictim() {
+  StorageId victim;
+  double score;
+  if (!ChooseVictim(&victim, &score)) return std::nullopt;
+  const StorageRecord& r = rec(victim);
+  return Candidate{victim, score, r.size, r.handle};
 }
 
 absl::Status Runtime::Evict(StorageId id) {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -137,6 +138,10 @@ class Runtime {
   // per the search mode (Note [Ranked candidates]): lets an allocator pick victims by score and
   // by where their memory sits.
   std::vector<Candidate> RankedCandidates(size_t max_count);
+  // The storage Reserve would evict next (Note [Victim search]), left resident; nullopt when
+  // nothing is evictable. Lets an allocator that enforces the budget itself evict exactly what
+  // the runtime, and dtr-sim replaying it, would (Note [One victim at a time], hooks/engine.cc).
+  std::optional<Candidate> NextVictim();
   absl::Status Evict(StorageId id);
 
   // ---- Introspection -----------------------------------------------------------------------
@@ -244,7 +249,7 @@ class Runtime {
   // smaller than the pool) the carried runners-up and a fresh sample; returns whether sampled.
   bool DrawCandidates();
   size_t SampleSize(size_t pool_size) const;  // how many a sampled search draws
-  bool ChooseVictim(StorageId* victim);
+  bool ChooseVictim(StorageId* victim, double* score = nullptr);  // score: the victim's
   void EvictUnchecked(StorageId id, bool eager);
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
 

@@ -135,6 +135,38 @@ TEST(FragmentationAwareEvictionStrategyTest, NeverPicksAVictimOfLastResortAlone)
   DTR_EXPECT_OK(heap.allocator->CheckInvariants());
 }
 
+// ChooseFirst is the strategy's first pick, for a caller that evicts one victim and ranks again
+// (Note [One victim at a time], hooks/engine.cc): the best that fits alone, else the best, and
+// never a victim of last resort for its fit.
+TEST(FragmentationAwareEvictionStrategyTest, ChooseFirstPicksTheBestThatFitsAloneElseTheBest) {
+  SixBlocks heap;
+  DTR_ASSERT_OK(heap.allocator->Free(heap.b[2]));  // hole of 3 MiB between b1 and b3
+  const EvictionRequest request = heap.allocator->MakeRequest(5 * kMiB, Stream{});
+  const double inf = std::numeric_limits<double>::infinity();
+  bool fits_alone = true;
+  // b0 alone gives 3 MiB; b5 merges with the 2 MiB tail.
+  std::vector<EvictionCandidate> by_score = {{heap.b[0], 1}, {heap.b[4], 2}, {heap.b[5], 3}, {heap.b[3], 4}};
+  const EvictionCandidate* first =
+      FragmentationAwareEvictionStrategy::ChooseFirst(*heap.allocator, request, by_score, &fits_alone);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->ptr, heap.b[5]);
+  EXPECT_TRUE(fits_alone);
+  // None fits alone: the best.
+  by_score = {{heap.b[0], 1}, {heap.b[4], 2}};
+  first = FragmentationAwareEvictionStrategy::ChooseFirst(*heap.allocator, request, by_score, &fits_alone);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->ptr, heap.b[0]);
+  EXPECT_FALSE(fits_alone);
+  // b3 would fit alone but is a last resort: the best finite one comes first.
+  by_score = {{heap.b[0], 1}, {heap.b[3], inf}};
+  first = FragmentationAwareEvictionStrategy::ChooseFirst(*heap.allocator, request, by_score, &fits_alone);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->ptr, heap.b[0]);
+  EXPECT_FALSE(fits_alone);
+  EXPECT_EQ(FragmentationAwareEvictionStrategy::ChooseFirst(*heap.allocator, request, {}, &fits_alone), nullptr);
+  DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+}
+
 TEST(FragmentationAwareEvictionStrategyTest, FallsBackToScoreOrder) {
   SixBlocks heap;
   ToyRuntime runtime(heap.allocator.get());

@@ -1,8 +1,10 @@
 // Tests for the DTR runtime with a recording fake backend.
 #include "runtime/runtime.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -1000,6 +1002,46 @@ TEST_F(RuntimeTest, EvictAtLeastFreesLowestScoresFirst) {
   ASSERT_EQ(ranked.size(), 1u);
   EXPECT_EQ(ranked[0].id, small);
   EXPECT_EQ(rt_->UnevictableBytes(), 1u);
+}
+
+// Note [One victim at a time] (hooks/engine.cc): the allocators evict Runtime::NextVictim's
+// choice, which must be the storage Reserve would evict, left resident until then, and must be
+// searched anew after each eviction (the victim's neighbours carry its cost afterwards).
+TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEviction) {
+  Make(kUnlimitedBudget, HeuristicKind::kDtr);  // exact search
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 100, 1);
+  StorageId b = Op1("b", {a}, 100, 1);
+  StorageId c = Op1("c", {b}, 100, 1);
+  StorageId d = Op1("d", {x}, 100, 1.5);
+  const std::vector<StorageId> all = {a, b, c, d};
+  for (StorageId s : all) (void)Op1("reader", {s}, 0);  // not results awaiting their reader
+  auto lowest_score = [&] {
+    double lowest = std::numeric_limits<double>::infinity();
+    for (StorageId s : all)
+      if (Resident(s)) lowest = std::min(lowest, rt_->ScoreOf(s));
+    return lowest;
+  };
+  std::vector<StorageId> evicted;
+  for (int round = 0; round < 3; ++round) {
+    std::optional<Runtime::Candidate> next = rt_->NextVictim();
+    ASSERT_TRUE(next.has_value());
+    EXPECT_TRUE(Resident(next->id));
+    EXPECT_EQ(next->size, 100u);
+    EXPECT_DOUBLE_EQ(next->score, rt_->ScoreOf(next->id));
+    EXPECT_DOUBLE_EQ(next->score, lowest_score()) << "round " << round;
+    // Reserve takes the same one: a budget a byte short of what is resident evicts exactly it.
+    ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+    EXPECT_FALSE(Resident(next->id));
+    for (StorageId s : all)
+      if (s != next->id && std::find(evicted.begin(), evicted.end(), s) == evicted.end()) EXPECT_TRUE(Resident(s));
+    evicted.push_back(next->id);
+    Check();
+  }
+  // The constant is all that is left: nothing to offer.
+  ASSERT_TRUE(rt_->SetBudget(kUnlimitedBudget).ok());
+  (void)rt_->EvictAtLeast(1000);
+  EXPECT_FALSE(rt_->NextVictim().has_value());
 }
 
 // Note [Ranked candidates]: in sampled mode a ranking scores the carried runners-up and a
