@@ -37,7 +37,7 @@ std::string AllocatorStats::ToString() const {
       " blocks=", count(allocation_count), " active_blocks=", count(active_count),
       " segments=", count(segment_count), " allocs=", num_allocs, " frees=", num_frees,
       " cache_hits=", num_cache_hits, " segment_allocs=", num_segment_allocs,
-      " segment_frees=", num_segment_frees, " backend_failures=", num_backend_failures,
+      " segment_frees=", num_segment_frees, " segment_resizes=", num_segment_resizes, " backend_failures=", num_backend_failures,
       " retries=", num_alloc_retries, " eviction_calls=", num_eviction_calls,
       " eviction_requested=", FormatBytesShort(eviction_bytes_requested),
       " eviction_freed=", FormatBytesShort(eviction_bytes_freed),

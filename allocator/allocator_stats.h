@@ -39,6 +39,7 @@ struct AllocatorStats {
   int64_t num_cache_hits = 0;      // rung 1: served from a cached free block
   int64_t num_segment_allocs = 0;  // rung 2: successful backend Allocate calls
   int64_t num_segment_frees = 0;   // backend Free calls (EmptyCache or rung 4)
+  int64_t num_segment_resizes = 0;  // rung 4: cached segments resized for a request (Note [Recycling a cached segment])
   int64_t num_backend_failures = 0;  // backend Allocate calls that failed (real OOM)
   int64_t num_alloc_retries = 0;   // requests that missed rungs 1 and 2 on the first try
   int64_t num_eviction_calls = 0;  // rung 3: EvictionHandler::MakeRoom invocations

@@ -161,9 +161,19 @@ class CachingAllocator {
   void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProcessEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases fully free segments, all of them or (Note [Releasing what a request needs]) enough
-  // for at least `at_least` bytes; returns the bytes released.
-  size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A whole free segment leaves the books, its memory not returned (ReleaseSegmentLocked does).
+  void ForgetSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new segment of `size` bytes at `memory` on the books, one free block not yet in a free set.
+  Block* AddSegmentLocked(void* memory, size_t size, Pool pool, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Recycling a cached segment]: a block of `rounded` bytes in a cached segment resized to
+  // `segment_size`, handed out; nullptr when no cached segment fits the rule or the backend
+  // cannot resize.
+  void* RecycleCachedSegmentLocked(size_t rounded, size_t requested, size_t segment_size, Pool pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
+  // needs]) enough for at least `at_least` bytes; returns the bytes released.
+  size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse under a budget]: whether rung 1 must not hand out a free block of
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
   bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const

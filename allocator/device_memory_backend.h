@@ -25,6 +25,20 @@ class DeviceMemoryBackend {
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   // Returns memory obtained from Allocate with the same size. Must not fail.
   virtual void Free(void* ptr, size_t bytes) = 0;
+  // Turns memory obtained from Allocate(old_bytes) (or an earlier Resize) into new_bytes of
+  // memory, keeping what it can of the pages already backing it (mremap on the host), and
+  // returns its address; `ptr` is then invalid. Contents are not preserved in any defined way.
+  // On failure `ptr` stays valid. Unimplemented (the default) where the backend cannot; the
+  // allocator then frees and allocates (Note [Recycling a cached segment], caching_allocator.cc).
+  virtual absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) {
+    (void)ptr, (void)old_bytes, (void)new_bytes;
+    return absl::UnimplementedError("this backend cannot resize memory");
+  }
+  // Whether Resize from old_bytes to new_bytes is implemented (it may still fail).
+  virtual bool CanResize(size_t old_bytes, size_t new_bytes) const {
+    (void)old_bytes, (void)new_bytes;
+    return false;
+  }
   // Alignment guaranteed by Allocate, a power of two; blocks are aligned to the smaller of it
   // and min_block_size (Note [Block alignment]).
   virtual size_t MinAlignment() const = 0;

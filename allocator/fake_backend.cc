@@ -50,6 +50,36 @@ void FakeBackend::Free(void* ptr, size_t bytes) {
   live_.erase(it);
 }
 
+bool FakeBackend::CanResize(size_t old_bytes, size_t new_bytes) const {
+  (void)old_bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  return resizable_ && new_bytes > 0;
+}
+
+absl::StatusOr<void*> FakeBackend::Resize(void* ptr, size_t old_bytes, size_t new_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!resizable_) return absl::UnimplementedError("FakeBackend: resizing is off");
+  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == live_.end() || it->second != old_bytes) {
+    ++counters_.bad_frees;
+    return absl::InvalidArgumentError("FakeBackend: Resize of memory it did not hand out");
+  }
+  const size_t others = counters_.live_bytes - old_bytes;
+  if (new_bytes == 0 || new_bytes > capacity_ || others > capacity_ - new_bytes)
+    return absl::ResourceExhaustedError(absl::StrCat("FakeBackend: out of capacity resizing to ", new_bytes, " bytes"));
+  uintptr_t address = it->first;
+  live_.erase(it);
+  if (new_bytes > old_bytes) {
+    address = next_address_;
+    next_address_ += (new_bytes + alignment_ - 1) / alignment_ * alignment_ + alignment_;
+  }
+  live_[address] = new_bytes;
+  counters_.live_bytes = others + new_bytes;
+  counters_.peak_live_bytes = std::max(counters_.peak_live_bytes, counters_.live_bytes);
+  ++counters_.resize_calls;
+  return reinterpret_cast<void*>(address);
+}
+
 absl::StatusOr<EventHandle> FakeBackend::RecordEvent(Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (fail_record_event_) return absl::InternalError("FakeBackend: injected RecordEvent failure");
@@ -78,6 +108,11 @@ void FakeBackend::DestroyEvent(EventHandle event) {
 void FakeBackend::set_capacity(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   capacity_ = bytes;
+}
+
+void FakeBackend::set_resizable(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resizable_ = on;
 }
 
 void FakeBackend::FailNthAllocation(int64_t n) {

@@ -23,6 +23,7 @@ class FakeBackend : public DeviceMemoryBackend {
     int64_t allocate_calls = 0;
     int64_t failed_allocations = 0;  // injected or over capacity
     int64_t free_calls = 0;
+    int64_t resize_calls = 0;  // successful ones
     int64_t bad_frees = 0;  // unknown pointer or wrong size: always a bug in the caller
     int64_t events_recorded = 0;
     int64_t event_queries = 0;
@@ -43,6 +44,10 @@ class FakeBackend : public DeviceMemoryBackend {
   std::string Name() const override { return "fake"; }
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   void Free(void* ptr, size_t bytes) override;
+  // Unimplemented unless set_resizable(true). Shrinking keeps the address; growing moves the
+  // segment to a new one (the capacity counts the new size only).
+  absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) override;
+  bool CanResize(size_t old_bytes, size_t new_bytes) const override;
   size_t MinAlignment() const override { return alignment_; }
   absl::StatusOr<EventHandle> RecordEvent(Stream stream) override;
   bool EventDone(EventHandle event) override;
@@ -50,6 +55,7 @@ class FakeBackend : public DeviceMemoryBackend {
 
   // --- Test controls ---
   void set_capacity(size_t bytes);
+  void set_resizable(bool on);
   // The `n`th Allocate call from now (1 = the next one) fails with ResourceExhausted.
   void FailNthAllocation(int64_t n);
   // The next `count` Allocate calls fail.
@@ -73,6 +79,7 @@ class FakeBackend : public DeviceMemoryBackend {
   };
 
   mutable std::mutex mu_;
+  bool resizable_ ABSL_GUARDED_BY(mu_) = false;
   size_t capacity_ ABSL_GUARDED_BY(mu_);
   const size_t alignment_;
   uintptr_t next_address_ ABSL_GUARDED_BY(mu_);

@@ -21,11 +21,15 @@ namespace dtr::alloc {
 // Mapped segments return to the OS when freed and never mix with small allocations.
 constexpr size_t kMapThreshold = 128 << 10;
 
+bool HostBackend::Mapped(size_t padded) const {
+  return padded >= kMapThreshold && alignment_ <= size_t(sysconf(_SC_PAGESIZE));
+}
+
 absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("HostBackend::Allocate of 0 bytes");
-  const size_t padded = (bytes + alignment_ - 1) / alignment_ * alignment_;
+  const size_t padded = Padded(bytes);
   if (padded < bytes) return absl::ResourceExhaustedError("HostBackend: size overflow");
-  if (padded >= kMapThreshold && alignment_ <= size_t(sysconf(_SC_PAGESIZE))) {
+  if (Mapped(padded)) {
     void* p = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
       return absl::ResourceExhaustedError(absl::StrCat("HostBackend: mmap(", padded, ") failed"));
@@ -42,10 +46,27 @@ absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
 }
 
 void HostBackend::Free(void* ptr, size_t bytes) {
-  const size_t padded = (bytes + alignment_ - 1) / alignment_ * alignment_;
-  if (padded >= kMapThreshold && alignment_ <= size_t(sysconf(_SC_PAGESIZE))) munmap(ptr, padded);
+  if (Mapped(Padded(bytes))) munmap(ptr, Padded(bytes));
   else std::free(ptr);
   live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+bool HostBackend::CanResize(size_t old_bytes, size_t new_bytes) const {
+  const size_t new_padded = Padded(new_bytes);
+  return new_bytes > 0 && new_padded >= new_bytes && Mapped(Padded(old_bytes)) && Mapped(new_padded);
+}
+
+absl::StatusOr<void*> HostBackend::Resize(void* ptr, size_t old_bytes, size_t new_bytes) {
+  if (!CanResize(old_bytes, new_bytes))
+    return absl::UnimplementedError("HostBackend resizes only segments mapped on their own");
+  const size_t old_padded = Padded(old_bytes), new_padded = Padded(new_bytes);
+  // Shrinking unmaps the tail in place; growing may move the mapping, its pages with it.
+  void* p = mremap(ptr, old_padded, new_padded, MREMAP_MAYMOVE);
+  if (p == MAP_FAILED)
+    return absl::ResourceExhaustedError(absl::StrCat("HostBackend: mremap(", old_padded, " -> ", new_padded, ") failed"));
+  live_bytes_.fetch_add(new_bytes, std::memory_order_relaxed);
+  live_bytes_.fetch_sub(old_bytes, std::memory_order_relaxed);
+  return p;
 }
 
 absl::StatusOr<EventHandle> HostBackend::RecordEvent(Stream stream) {

@@ -20,6 +20,10 @@ class HostBackend : public DeviceMemoryBackend {
   std::string Name() const override { return "host"; }
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   void Free(void* ptr, size_t bytes) override;
+  // mremap for segments mapped on their own (Note [Large host segments are mapped]) before and
+  // after; Unimplemented for the others.
+  absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) override;
+  bool CanResize(size_t old_bytes, size_t new_bytes) const override;
   size_t MinAlignment() const override { return alignment_; }
   absl::StatusOr<EventHandle> RecordEvent(Stream stream) override;
   bool EventDone(EventHandle event) override { return true; }
@@ -29,6 +33,9 @@ class HostBackend : public DeviceMemoryBackend {
   size_t live_bytes() const { return live_bytes_.load(std::memory_order_relaxed); }
 
  private:
+  size_t Padded(size_t bytes) const { return (bytes + alignment_ - 1) / alignment_ * alignment_; }
+  bool Mapped(size_t padded) const;  // Note [Large host segments are mapped]
+
   const size_t alignment_;
   std::atomic<size_t> live_bytes_{0};
   std::atomic<uint64_t> next_event_{1};

@@ -899,7 +899,17 @@ std::string Engine::StatsJson() {
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
       ",\"unevictable_by_reason\":", UnevictableDetailJson(by.by_reason), ",\"unevictable_at_peak\":", UnevictableAtPeakJson({}),
       ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
-      ",\"runtime\":", rs.ToJson(), "}");
+      ",\"runtime\":", rs.ToJson(), CpuAllocatorJson(), "}");
+}
+
+std::string Engine::CpuAllocatorJson() {
+  // The CPU allocator's traffic with the system (torch.cuda.memory_stats tells it for CUDA):
+  // whether a budget makes it map and fault in memory anew (Note [Recycling a cached segment]).
+  if (managed_ != ManagedDevice::kCpu) return "";
+  const alloc::AllocatorStats s = alloc_->GetStats();
+  return absl::StrCat(",\"allocator\":{\"cache_hits\":", s.num_cache_hits, ",\"segment_allocs\":", s.num_segment_allocs,
+                      ",\"segment_frees\":", s.num_segment_frees, ",\"segment_resizes\":", s.num_segment_resizes,
+                      ",\"cache_flushes\":", s.num_cache_flushes, ",\"alloc_retries\":", s.num_alloc_retries, "}");
 }
 
 void Engine::WriteStatsFile() {

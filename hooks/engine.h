@@ -188,6 +188,7 @@ class Engine final : public ReplayBackend,
   }
 
   std::string StatsJson();
+  std::string CpuAllocatorJson();  // ",\"allocator\":{...}" on the CPU, else empty
   // torch.ops.dtr.pin / unpin: keep a tensor's storage resident (for raw access: .numpy(),
   // torch.save, data_ptr(), extensions), see README "Caveats".
   void PinTensor(const at::Tensor& t, bool pin);

@@ -66,7 +66,7 @@ class RandomEvictor : public EvictionHandler {
 };
 
 struct FuzzTotals {
-  int64_t allocs = 0, ooms = 0, evictions = 0, flushes = 0, pending = 0, backend_failures = 0;
+  int64_t allocs = 0, ooms = 0, evictions = 0, flushes = 0, pending = 0, backend_failures = 0, resizes = 0;
 };
 
 void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
@@ -77,9 +77,11 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   config.budget_bytes = kBudgets[rng() % std::size(kBudgets)];
   config.shrink_segment_to_fit_budget = rng() % 4 != 0;
   config.enable_eviction = rng() % 3 != 0;
+  config.exact_reuse_under_budget = rng() % 3 == 0;
   // Sometimes the device itself is smaller than the budget: real OOMs from the backend.
   const size_t capacity = rng() % 4 == 0 ? (16 + rng() % 64) * kMiB : SIZE_MAX;
   FakeBackend backend(capacity);
+  backend.set_resizable(rng() % 2 == 0);  // Note [Recycling a cached segment]
   auto allocator = MakeAllocator(config, &backend);
   ASSERT_NE(allocator, nullptr);
   std::vector<void*> live;
@@ -158,6 +160,7 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   totals.allocs += stats.num_allocs;
   totals.evictions += evictor.calls;
   totals.flushes += stats.num_cache_flushes;
+  totals.resizes += stats.num_segment_resizes;
   totals.backend_failures += stats.num_backend_failures;
 }
 
@@ -172,14 +175,15 @@ TEST(CachingAllocatorFuzzTest, RandomSequencesKeepEveryInvariant) {
     if (HasFatalFailure()) return;
   }
   std::printf("fuzz: %d seeds, %lld allocations, %lld OOMs, %lld eviction calls, %lld cache "
-              "flushes, %lld backend failures, %lld pending-block observations\n",
+              "flushes, %lld segment resizes, %lld backend failures, %lld pending-block observations\n",
               kSeeds, (long long)totals.allocs, (long long)totals.ooms,
-              (long long)totals.evictions, (long long)totals.flushes,
+              (long long)totals.evictions, (long long)totals.flushes, (long long)totals.resizes,
               (long long)totals.backend_failures, (long long)totals.pending);
   // The workload must actually reach the interesting paths, or the test proves little.
   EXPECT_GT(totals.ooms, 0);
   EXPECT_GT(totals.evictions, 0);
   EXPECT_GT(totals.flushes, 0);
+  EXPECT_GT(totals.resizes, 0);  // Note [Recycling a cached segment] was exercised
   EXPECT_GT(totals.backend_failures, 0);
   EXPECT_GT(totals.pending, 0);
 }

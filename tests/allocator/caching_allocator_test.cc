@@ -406,16 +406,22 @@ TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("eviction disabled"));
 }
 
+// One segment per block with exact reuse under a budget, as dtr's CPU allocator configures it
+// (hooks/cpu_allocator_adapter.cc).
+void OneSegmentPerBlock(AllocatorConfig& config) {
+  config.exact_reuse_under_budget = true;
+  config.small_size = config.small_segment_size = 512;
+  config.min_large_alloc = config.large_segment_size = 1024;
+  config.large_round = 512;
+}
+
 // Note [Exact reuse under a budget]: under a budget a cached block is reused only at its own
 // size, and what the cache holds is released (not evicted for) when a request does not fit.
 TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
   for (bool budgeted : {false, true}) {
     FakeBackend backend;
     AllocatorConfig config = budgeted ? BudgetConfig(64 * kKiB) : AllocatorConfig{};
-    config.exact_reuse_under_budget = true;
-    config.small_size = config.small_segment_size = 512;  // one segment per block, as on the CPU
-    config.min_large_alloc = config.large_segment_size = 1024;
-    config.large_round = 512;
+    OneSegmentPerBlock(config);
     auto allocator = MakeAllocator(config, &backend);
     void* keep = *allocator->Allocate(16 * kKiB);  // in use: the cache may hold as much
     void* big = *allocator->Allocate(8 * kKiB);
@@ -436,10 +442,7 @@ TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
   // When the cache holds what a request needs, rung 4 releases it and nothing is evicted.
   FakeBackend backend;
   AllocatorConfig config = BudgetConfig(16 * kKiB);
-  config.exact_reuse_under_budget = true;
-  config.small_size = config.small_segment_size = 512;
-  config.min_large_alloc = config.large_segment_size = 1024;
-  config.large_round = 512;
+  OneSegmentPerBlock(config);
   auto allocator = MakeAllocator(config, &backend);
   DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(12 * kKiB)));
   int evictions = 0;
@@ -486,11 +489,8 @@ TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
   for (bool covered_by_one : {true, false}) {
     FakeBackend backend;
     AllocatorConfig config = BudgetConfig(32 * kKiB);
-    config.exact_reuse_under_budget = true;
+    OneSegmentPerBlock(config);
     config.shrink_segment_to_fit_budget = false;
-    config.small_size = config.small_segment_size = 512;  // one segment per block, as on the CPU
-    config.min_large_alloc = config.large_segment_size = 1024;
-    config.large_round = 512;
     auto allocator = MakeAllocator(config, &backend);
     void* keep = *allocator->Allocate(8 * kKiB);  // in use, so the cache stays under the peak
     void* a = *allocator->Allocate(4 * kKiB);
@@ -511,6 +511,80 @@ TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
     (void)keep;
     DTR_EXPECT_OK(allocator->CheckInvariants());
   }
+}
+
+// Note [Recycling a cached segment]: with a backend that can resize, rung 4 turns a cached
+// segment into the one a request needs instead of releasing and allocating: the smallest at
+// least as large, shrunk, else the largest whose release makes room, grown.
+// A 32 KiB budget over a resizable backend, one segment per block: 8 KiB in use and three
+// segments of the given sizes cached.
+struct ThreeCachedSegments {
+  FakeBackend backend;
+  std::unique_ptr<CachingAllocator> allocator;
+  void* a;
+  void* b;
+  void* c;
+  ThreeCachedSegments(size_t a_bytes, size_t b_bytes, size_t c_bytes) {
+    backend.set_resizable(true);
+    AllocatorConfig config = BudgetConfig(32 * kKiB);
+    OneSegmentPerBlock(config);
+    allocator = MakeAllocator(config, &backend);
+    (void)*allocator->Allocate(8 * kKiB);  // in use, so the cache stays under the peak
+    a = *allocator->Allocate(a_bytes);
+    b = *allocator->Allocate(b_bytes);
+    c = *allocator->Allocate(c_bytes);
+    for (void* p : {a, b, c}) EXPECT_TRUE(allocator->Free(p).ok());
+  }
+};
+
+TEST(RetryLadderTest, Rung4RecyclesACachedSegmentWhenTheBackendCanResize) {
+  ThreeCachedSegments heap(4 * kKiB, 6 * kKiB, 10 * kKiB);  // cached 20 KiB; reserved 28 KiB
+  FakeBackend& backend = heap.backend;
+  CachingAllocator* allocator = heap.allocator.get();
+  void* a = heap.a;
+  void* b = heap.b;
+  // 5 KiB does not fit the 4 KiB left under the cap: b (6 KiB, the smallest that holds it) shrinks.
+  absl::StatusOr<void*> five = allocator->Allocate(5 * kKiB);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(*five, b);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 1);
+  EXPECT_EQ(stats.num_segment_frees, 0);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(27 * kKiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  // 13 KiB: none cached holds it; the largest, c (10 KiB), grows to 13 KiB, which fits as it is.
+  absl::StatusOr<void*> thirteen = allocator->Allocate(13 * kKiB);
+  ASSERT_TRUE(thirteen.ok()) << thirteen.status();
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 2);
+  EXPECT_EQ(stats.num_segment_frees, 0);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(30 * kKiB));
+  EXPECT_LE(stats.reserved_bytes.peak, int64_t(32 * kKiB));
+  EXPECT_EQ(backend.counters().resize_calls, 2);
+  EXPECT_EQ(backend.counters().live_bytes, size_t(30 * kKiB));
+  // a (4 KiB) is still cached at its size.
+  EXPECT_EQ(*allocator->Allocate(4 * kKiB), a);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  allocator->EmptyCache();
+  EXPECT_EQ(backend.counters().bad_frees, 0);
+}
+
+// Note [Recycling a cached segment]: when the largest cached segment cannot grow within the
+// budget by itself, enough of the others are released first (Note [Releasing what a request
+// needs]: the smallest that covers the rest alone).
+TEST(RetryLadderTest, Rung4ReleasesOthersSoTheLargestCachedSegmentCanGrow) {
+  ThreeCachedSegments heap(6 * kKiB, 7 * kKiB, 9 * kKiB);  // cached 22 KiB; reserved 30 KiB
+  CachingAllocator* allocator = heap.allocator.get();
+  // 14 KiB: c grown to 14 KiB needs 3 KiB more than the cap leaves; a (6 KiB) covers that alone.
+  ASSERT_TRUE(allocator->Allocate(14 * kKiB).ok());
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 1);
+  EXPECT_EQ(stats.num_segment_frees, 1);
+  EXPECT_EQ(stats.num_segment_allocs, 4);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(29 * kKiB));
+  EXPECT_LE(stats.reserved_bytes.peak, int64_t(32 * kKiB));
+  EXPECT_EQ(*allocator->Allocate(7 * kKiB), heap.b);  // still cached at its size
+  DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
 TEST(RetryLadderTest, Rung5ReportsEverythingInTheOutOfMemoryMessage) {

@@ -20,6 +20,34 @@ TEST(HostBackendTest, AllocatesAlignedWritableMemory) {
   EXPECT_EQ(backend.live_bytes(), 0u);
 }
 
+// Note [Recycling a cached segment]: a mapped segment resizes in place of a free and an allocate;
+// what it already had stays (a shrink keeps its head), and memory from malloc is not resized.
+TEST(HostBackendTest, ResizesMappedSegments) {
+  HostBackend backend(64);
+  const size_t large = 1 << 20, smaller = 256 << 10, larger = 3 << 20;
+  absl::StatusOr<void*> p = backend.Allocate(large);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::memset(*p, 0x5a, large);
+  absl::StatusOr<void*> shrunk = backend.Resize(*p, large, smaller);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(*shrunk, *p);  // a shrink stays where it was
+  EXPECT_EQ(static_cast<unsigned char*>(*shrunk)[smaller - 1], 0x5a);
+  EXPECT_EQ(backend.live_bytes(), smaller);
+  absl::StatusOr<void*> grown = backend.Resize(*shrunk, smaller, larger);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(static_cast<unsigned char*>(*grown)[0], 0x5a);
+  std::memset(*grown, 0x11, larger);  // all of it is writable
+  EXPECT_EQ(backend.live_bytes(), larger);
+  backend.Free(*grown, larger);
+  EXPECT_EQ(backend.live_bytes(), 0u);
+  // Below the mapping threshold memory comes from malloc: not resizable, and left as it was.
+  absl::StatusOr<void*> small = backend.Allocate(4096);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(backend.Resize(*small, 4096, large).status().code(), absl::StatusCode::kUnimplemented);
+  backend.Free(*small, 4096);
+  EXPECT_EQ(backend.live_bytes(), 0u);
+}
+
 TEST(HostBackendTest, EventsAreImmediatelyComplete) {
   HostBackend backend;
   absl::StatusOr<EventHandle> e = backend.RecordEvent(Stream{7});

@@ -119,6 +119,30 @@ def test_stats_file(tmp_path):
     assert s["remat_seconds"] > 0
 
 
+def test_a_binding_budget_recycles_cached_memory_instead_of_mapping_anew():
+    """Note [Recycling a cached segment] (allocator/caching_allocator.cc): two sizes taking turns
+    under a budget that holds only one of them at a time. The cached segment of the other size is
+    resized (mremap) for each request instead of being released and a new one mapped, whose pages
+    would all be faulted in again; the values are what they must be."""
+    code = """
+import json, torch, dtr
+total = 0.0
+for i in range(50):
+    x = torch.ones(64 * 1024); total += float(x.sum()); del x         # 256 KiB
+    y = torch.full((96 * 1024,), 2.0); total += float(y.sum()); del y  # 384 KiB
+s = dtr.stats()
+print(json.dumps(dict(total=total, allocator=s["allocator"], peak_reserved=s["peak_reserved_bytes"])))
+"""
+    r = run([PY, "-c", code], preload=True, DTR_BUDGET="500KiB")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["total"] == 50 * (64 * 1024 + 2 * 96 * 1024)
+    a = out["allocator"]
+    assert a["segment_resizes"] >= 98, a  # every request after the first two
+    assert a["segment_allocs"] <= 4 and a["segment_frees"] == 0, a
+    assert out["peak_reserved"] <= 500 * 1024
+
+
 def test_recomputation_limit_turns_thrashing_into_a_clear_oom():
     """Note [Recomputation limit]: under a budget where dtr's replays and searches cost more than
     DTR_MAX_RECOMPUTE times the program's own ops, the op that needs a replay raises
