@@ -150,7 +150,9 @@ def test_recomputation_limit_turns_thrashing_into_a_clear_oom():
     limit off, the same run trains (slowly)."""
     peak = json.loads(run([PY, TRAIN, "lstm"], preload=True).stdout.strip().splitlines()[-1])["dtr"][
         "peak_allocated_bytes"]
-    budget = int(peak * 0.8)
+    # Thrashing but feasible: constants are 40% of this LSTM's peak, and since Note [One victim
+    # at a time] (hooks/engine.cc) it runs out of memory at 0.8 of it (dtr-sim on its trace too).
+    budget = int(peak * 0.85)
     slow = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=budget, DTR_MAX_RECOMPUTE=0)
     assert slow.returncode == 0, slow.stderr[-2000:]
     stats = json.loads(slow.stdout.strip().splitlines()[-1])["dtr"]
