@@ -22,7 +22,8 @@ namespace dtr::alloc {
 constexpr size_t kMapThreshold = 128 << 10;
 
 bool HostBackend::Mapped(size_t padded) const {
-  return padded >= kMapThreshold && alignment_ <= size_t(sysconf(_SC_PAGESIZE));
+  static const size_t page_size = size_t(sysconf(_SC_PAGESIZE));  // asked once: CanResize runs per cached segment
+  return padded >= kMapThreshold && alignment_ <= page_size;
 }
 
 absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
@@ -46,7 +47,8 @@ absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
 }
 
 void HostBackend::Free(void* ptr, size_t bytes) {
-  if (Mapped(Padded(bytes))) munmap(ptr, Padded(bytes));
+  const size_t padded = Padded(bytes);
+  if (Mapped(padded)) munmap(ptr, padded);
   else std::free(ptr);
   live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }

@@ -702,13 +702,19 @@ alloc::CachingAllocator* Engine::ScratchAllocator() {
 // (EvictRankedOn); with one device in use, as under torchrun, that never happens. Neither CUDA
 // path has run on a GPU with this rule yet (stop 34 had none).
 
+Entry* Engine::ResidentEntryOn(const Runtime::Candidate& c, int cuda_device) {
+  Entry* e = reinterpret_cast<Entry*>(c.handle);
+  if (e == nullptr) e = FindEntry(c.id);
+  if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device)
+    return nullptr;
+  return e;
+}
+
 bool Engine::EvictNextVictimOn(int cuda_device, size_t* bytes) {
   std::optional<Runtime::Candidate> next = rt_->NextVictim();
   if (!next) return false;
-  Entry* e = reinterpret_cast<Entry*>(next->handle);
-  if (e == nullptr) e = FindEntry(next->id);
-  if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device)
-    return EvictRankedOn(cuda_device, nullptr, nullptr, bytes);
+  Entry* e = ResidentEntryOn(*next, cuda_device);
+  if (e == nullptr) return EvictRankedOn(cuda_device, nullptr, nullptr, bytes);
   const size_t size = e->slot->bytes;
   if (!rt_->Evict(next->id).ok()) return false;
   *bytes = size;
@@ -723,9 +729,8 @@ bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const al
     std::vector<alloc::EvictionCandidate> candidates;
     std::vector<std::pair<StorageId, size_t>> storages;
     for (const Runtime::Candidate& c : rt_->RankedCandidates(k)) {
-      Entry* e = reinterpret_cast<Entry*>(c.handle);
-      if (e == nullptr) e = FindEntry(c.id);
-      if (e == nullptr || e->slot == nullptr || e->slot->mem == nullptr || e->slot->cuda_device != cuda_device) continue;
+      Entry* e = ResidentEntryOn(c, cuda_device);
+      if (e == nullptr) continue;
       candidates.push_back({e->slot->mem, c.score});
       storages.push_back({c.id, e->slot->bytes});
     }

@@ -133,6 +133,8 @@ class Engine final : public ReplayBackend,
   // *bytes to its size; false when none there can be evicted. EvictRankedOn lets `a`, when
   // given, prefer a victim whose block makes `request` fit.
   bool EvictNextVictimOn(int cuda_device, size_t* bytes);
+  // The entry of a candidate whose memory lives on `cuda_device` (-1: host), else nullptr.
+  Entry* ResidentEntryOn(const Runtime::Candidate& c, int cuda_device);
   bool EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request, size_t* bytes);
   ManagedDevice managed() const { return managed_; }
 
