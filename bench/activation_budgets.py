@@ -4,8 +4,12 @@ budget = static + r x (peak - static), where static is what the model holds betw
 (parameters, gradients, optimizer state, batches: the trace worker reports it) and peak the
 trace's own peak. Reports, per model, the run's memory floor (Note [Memory floor],
 runtime/runtime.cc: no heuristic can go below it), the smallest r that trains, and the compute
-ratio at each r: (base cost + rematerialization cost) / base cost of the training steps (the
-costs are the op times measured while tracing; model building is left out). These are the
+ratio at each r: (base cost + rematerialization cost) / base cost of the measured training steps
+(the costs are the op times measured while tracing). Each trace holds --steps steps, of which the
+first --warmup are simulated but not measured (Note [Steady-state steps], runtime/sim/simulator.h:
+the first step runs before the gradients and the optimizer state exist, so under a budget that
+counts them it has their room for activations and costs far less than the steps after it; the
+trace marks each step and dtr-sim reports the costs at each mark). These are the
 runtime's decisions alone: the real runs of bench/sweep.py add dtr's per-op bookkeeping.
 The op costs in a trace are timings, and the sampled search draws differently per seed, so
 each budget is simulated on --traces traces of the model, each with every seed of --seeds: a
@@ -25,7 +29,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "bench"))
-from sweep import ALL_MODELS, TRACE_MARK_BYTES, trace_split  # noqa: E402
+from sweep import ALL_MODELS, TRACE_MARK_BYTES, steady_overhead  # noqa: E402
 
 RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1]
 WORKER = os.path.join(REPO, "bench", "step_worker.py")
@@ -54,6 +58,13 @@ def simulate(sim, path, budget, heuristic, search, seed=1):
     return json.loads(lines[-1])
 
 
+def measured_ratio(d, warmup):
+    """The compute ratio of the steps from the mark `step-<warmup>` to the mark `end` (Note
+    [Steady-state steps]); inf for a run out of memory."""
+    overhead = steady_overhead(d, warmup)
+    return float("inf") if overhead is None else 1 + overhead
+
+
 def sweep(model, args, lib):
     """Every trace of the model (its op costs are timings, noisy on a shared machine) under every
     seed: a budget's cell is the median of those runs and their range. Static, peak and floor are
@@ -62,10 +73,13 @@ def sweep(model, args, lib):
     for k in range(args.traces):
         path, info = trace(model, args.work, lib, args.steps, k)
         static = info["static_bytes"]
-        build_cost, _ = trace_split(path)
         free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
+        labels = [m["label"] for m in free.get("marks", [])]
+        if f"step-{args.warmup}" not in labels or "end" not in labels:
+            raise SystemExit(f"{path}: the trace lacks the marks step-{args.warmup} and end ({labels}): "
+                             f"--warmup must be below --steps")
         traces.append(dict(path=path, info=info, static=static, peak=free["peak_bytes"],
-                           work=free["base_cost"] - build_cost, floor=free["stats"]["floor_bytes"]))
+                           floor=free["stats"]["floor_bytes"]))
     first = traces[0]
     act = max(1, first["peak"] - first["static"])
     cells = []
@@ -75,7 +89,7 @@ def sweep(model, args, lib):
             budget = t["static"] + r * max(1, t["peak"] - t["static"])
             for seed in args.seeds:
                 d = simulate(args.sim, t["path"], budget, args.heuristic, args.search, seed)
-                ratios.append(1 + (d["total_cost"] - d["base_cost"]) / t["work"] if d["status"] == "ok" else float("inf"))
+                ratios.append(measured_ratio(d, args.warmup))
         ratios.sort()
         median = statistics.median_low(ratios)  # an actual run's ratio; inf when most ran out of memory
         if median == float("inf"):
@@ -102,8 +116,9 @@ def render(rows, args):
     head = ["model", "static", "peak", "floor (r)"] + [f"r={r:g}" for r in RATIOS]
     out = [f"# Budgets on activations in dtr-sim ({args.heuristic}, {args.search} search)\n",
            f"Made by `python bench/activation_budgets.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-           f"traces of {args.steps} training steps on the CPU. Budget = static + r x (peak - static). Cells: "
-           "compute ratio of the training steps (base + rematerialization cost over base cost), the median over "
+           f"traces of {args.steps} training steps on the CPU, of which the first {args.warmup} are warm-up "
+           "(simulated, not measured: Note [Steady-state steps]). Budget = static + r x (peak - static). Cells: "
+           "compute ratio of the measured steps (base + rematerialization cost over base cost), the median over "
            f"{args.traces} traces of each model x seeds {','.join(map(str, args.seeds))} of the sampled search, "
            "with the range in parentheses; `oom`: out of memory in more than half of those runs (the sweep stops "
            "there). Static, peak and floor are the first trace's. The floor is Note [Memory floor]'s lower bound "
@@ -171,12 +186,17 @@ def main():
     ap.add_argument("--models", default=",".join(ALL_MODELS))
     ap.add_argument("--heuristic", default="dtr")
     ap.add_argument("--search", default="sampled", choices=["sampled", "exact"])
-    ap.add_argument("--steps", type=int, default=2, help="training steps per trace")
+    ap.add_argument("--steps", type=int, default=6, help="training steps per trace")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="of those, steps simulated but not measured (the first runs without gradients and "
+                         "optimizer state: Note [Steady-state steps])")
     ap.add_argument("--seeds", default="1,2,3", help="seeds of dtr-sim's sampled search, comma-separated")
     ap.add_argument("--traces", type=int, default=3, help="traces per model (each traced anew)")
     ap.add_argument("--work", default=None, help="where the traces go (default: <build>/activation-work)")
     ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
     args = ap.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        ap.error(f"--warmup {args.warmup} must be at least 0 and below --steps {args.steps}")
     args.sim = os.path.join(args.build, "bin", "dtr-sim")
     args.seeds = [int(x) for x in args.seeds.split(",")]
     args.work = args.work or os.path.join(args.build, "activation-work")

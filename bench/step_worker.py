@@ -251,7 +251,7 @@ def optimizer_state_tensors(opt):
 
 def cmd_trace(args):
     """Runs `steps` training steps (the trace is the whole process: DTR_TRACE_FILE) on batches
-    0..steps-1 and reports the bytes that are not activations at the end (parameters, gradients,
+    0..steps-1, marking each step's start in the trace (`mark step-I`, then `mark end`), and reports the bytes that are not activations at the end (parameters, gradients,
     optimizer state, the batches) and, per batch, the bytes of the chain's input among them."""
     bm = bench_models.get(args.model)
     batches = bm.batches(args.steps, args.device)
@@ -261,7 +261,13 @@ def cmd_trace(args):
     torch.manual_seed(1234)
     # The mark: an op the driver finds in the trace to tell building from training.
     torch.full((args.mark_bytes,), 1, dtype=torch.uint8, device=args.device)
-    losses = [train_step(bm, "model", model, opt, b) for b in batches]
+    losses = []
+    for i, b in enumerate(batches):
+        if DTR:  # Note [Steady-state steps] (runtime/sim/simulator.h): the driver measures steps apart
+            torch.ops.dtr.trace_mark(f"step-{i}")
+        losses.append(train_step(bm, "model", model, opt, b))
+    if DTR:
+        torch.ops.dtr.trace_mark("end")
     static = {}
     static_tensors = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None] + \
         optimizer_state_tensors(opt) + tensors_in(batches)

@@ -265,6 +265,19 @@ def trace_split(path):
 SIM_TIMEOUT_SECONDS = 120
 
 
+def steady_overhead(d, warmup):
+    """(remat cost) / (base cost) between the trace's marks step-<warmup> and end; None for a run
+    that did not finish."""
+    if d["status"] != "ok":
+        return None
+    marks = {m["label"]: m for m in d.get("marks", [])}
+    if f"step-{warmup}" not in marks or "end" not in marks:
+        raise WorkerError(f"dtr-sim's result lacks the trace marks step-{warmup} and end: {sorted(marks)}")
+    start, end = marks[f"step-{warmup}"], marks["end"]
+    remat = (end["total_cost"] - end["base_cost"]) - (start["total_cost"] - start["base_cost"])
+    return remat / (end["base_cost"] - start["base_cost"])
+
+
 def run_sim(runner, trace, heuristic, ratio):
     argv = [runner.sim, "--trace", trace, "--ratio", f"{ratio:g}", "--heuristic", heuristic, "--seed", "1"]
     try:
@@ -276,7 +289,7 @@ def run_sim(runner, trace, heuristic, ratio):
         raise WorkerError(f"dtr-sim gave no JSON for {trace} {heuristic} {ratio}: rc {r.returncode}\n{r.stderr[-2000:]}")
     d = lines[-1]
     keep = {k: d.get(k) for k in ("status", "budget_bytes", "peak_bytes", "base_cost", "total_cost", "compute_ratio",
-                                  "evictions", "rematerializations")}
+                                  "evictions", "rematerializations", "marks")}
     keep["ratio"] = ratio
     # Note [Memory floor] (runtime/runtime.cc): what must be resident at the worst op.
     keep["floor_bytes"] = (d.get("stats") or {}).get("floor_bytes")
@@ -286,8 +299,9 @@ def run_sim(runner, trace, heuristic, ratio):
 def simulate(runner, bm, work):
     a = runner.args
     trace = os.path.join(work, f"{a.device}_{bm.name}.trace")
-    log(f"{bm.name}: trace ({a.trace_steps} steps)")
-    info = runner.worker("trace", bm.name, ["--steps", str(a.trace_steps), "--mark-bytes", str(TRACE_MARK_BYTES)],
+    steps = a.trace_warmup + a.trace_steps
+    log(f"{bm.name}: trace ({steps} steps, {a.trace_warmup} of them warm-up)")
+    info = runner.worker("trace", bm.name, ["--steps", str(steps), "--mark-bytes", str(TRACE_MARK_BYTES)],
                          preload=True, DTR_TRACE_FILE=trace)[-1]
     build_cost, total = trace_split(trace)
     sim = {"trace": os.path.relpath(trace, REPO), "info": info, "build_cost": build_cost, "trace_op_cost": total,
@@ -297,10 +311,10 @@ def simulate(runner, bm, work):
         rows = []
         for r in a.sim_ratios:
             d = run_sim(runner, trace, h, r)
-            # Overhead of the training steps alone: the extra cost over the base cost of everything
-            # after the model was built (building it is never rematerialized).
-            train_base = d["base_cost"] - build_cost if d["status"] == "ok" else None
-            d["overhead"] = (d["total_cost"] - d["base_cost"]) / train_base if train_base else None
+            # Overhead of the measured training steps alone, from the mark before the first of them
+            # to the end (Note [Steady-state steps], runtime/sim/simulator.h: the warm-up steps run
+            # before the gradients and the optimizer state exist, and cold).
+            d["overhead"] = steady_overhead(d, a.trace_warmup)
             rows.append(d)
         sim["runs"][h] = rows
     ok = [d for d in sim["runs"][a.sim_heuristics[0]] if d["ratio"] == 1.0 and d["status"] == "ok"]
@@ -351,7 +365,8 @@ def chain_baselines(runner, bm, sim, work):
     dtr-chain at the simulator's budgets less the bytes that are not the chain's activations."""
     a = runner.args
     info = sim["info"]
-    batches = ",".join(str(i) for i in range(a.trace_steps))
+    # The measured steps' batches: the simulated overhead is theirs (Note [Steady-state steps]).
+    batches = ",".join(str(i) for i in range(a.trace_warmup, a.trace_warmup + a.trace_steps))
     log(f"{bm.name}: chain profile (plain: times; preloaded: transient memory)")
     times = runner.worker("profile", bm.name, ["--batches", batches, "--repeats", str(a.profile_repeats),
                                                "--timer", a.timer])
@@ -609,11 +624,14 @@ def caption_sweep(res, hs, a):
 
 def sim_section(results, a):
     L = ["## Simulator: the traces replayed in dtr-sim\n",
-         f"Each model's trace (DTR_TRACE_FILE, preloaded with no budget: building the model, then {a.trace_steps} "
-         "training steps) replayed by `dtr-sim --trace F --ratio r --heuristic h --seed 1`, for every heuristic. "
+         f"Each model's trace (DTR_TRACE_FILE, preloaded with no budget: building the model, then "
+         f"{a.trace_warmup + a.trace_steps} training steps, each marked) replayed by "
+         "`dtr-sim --trace F --ratio r --heuristic h --seed 1`, for every heuristic. "
          "Ratios are of the trace's own peak (exact tensor bytes, no allocator rounding). Cells are the "
-         "simulated slowdown of the training steps, 1 + (total cost − base cost) / (base cost of the events after "
-         "the model was built); `oom`: infeasible. The trace carries the op times measured in that run, so near "
+         f"simulated slowdown of the last {a.trace_steps} steps, 1 + (rematerialization cost) / (base cost) between "
+         f"the trace's marks; the first {a.trace_warmup} are simulated but not measured, as in the real runs (Note "
+         "[Steady-state steps]: the first step runs before the gradients and the optimizer state exist, and cold); "
+         "`oom`: infeasible. The trace carries the op times measured in that run, so near "
          "the smallest working budget the simulated outcome can change from one invocation to the next. "
          f"The traces and chain files are in `{os.path.relpath(a.work, REPO)}/`.\n"]
     for res in results:
@@ -962,7 +980,9 @@ def parse_args(argv):
                     help="clock of the time ratios: the process's CPU time (default; robust when other work shares "
                          "the machine, the steps being single-threaded and synchronous) or wall time; always wall "
                          "with --device cuda")
-    ap.add_argument("--trace-steps", type=int, default=2, help="training steps in each trace (default 2)")
+    ap.add_argument("--trace-steps", type=int, default=2, help="measured training steps in each trace (default 2)")
+    ap.add_argument("--trace-warmup", type=int, default=2,
+                    help="training steps traced before them, simulated but not measured (default 2)")
     ap.add_argument("--rotor-slots", type=int, default=2000,
                     help="memory slots of Rotor's DP in dtr-chain (default %(default)s; 0 = exact bytes)")
     ap.add_argument("--profile-repeats", type=int, default=None, help="timed runs per chain stage (default 5)")
@@ -1011,8 +1031,8 @@ def parse_args(argv):
     a.profile_repeats = a.profile_repeats or (2 if a.quick else 5)
     if a.quick:
         a.no_refine = True
-    if a.steps < 1 or a.warmup < 0 or a.trace_steps < 1:
-        ap.error("--steps and --trace-steps must be >= 1, --warmup >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.trace_steps < 1 or a.trace_warmup < 0:
+        ap.error("--steps and --trace-steps must be >= 1, --warmup and --trace-warmup >= 0")
     lib = preload_library()
     if not os.path.exists(lib):
         ap.error(f"{lib} not found: reinstall dtr (scripts/setup.sh)")

@@ -31,6 +31,9 @@ void OpUnpin(const at::Tensor& t) {
 std::string OpUnevictableAtPeak(at::TensorList exclude) {
   return g_engine ? g_engine->UnevictableAtPeakJson(exclude) : std::string("{}");
 }
+void OpTraceMark(c10::string_view label) {
+  if (g_engine) g_engine->TraceMark(std::string(label));
+}
 void OpExpose(const at::Tensor& t, bool writable) {
   if (g_engine) g_engine->ExposeTensor(t, writable);
 }
@@ -50,6 +53,7 @@ void RegisterDtrOps() {
   g_def_lib->def("unpin(Tensor self) -> ()", &OpUnpin);
   g_def_lib->def("expose(Tensor self, bool writable) -> ()", &OpExpose);
   g_def_lib->def("unevictable_at_peak(Tensor[] exclude) -> str", &OpUnevictableAtPeak);
+  g_def_lib->def("trace_mark(str label) -> ()", &OpTraceMark);
 }
 
 }  // namespace dtr::hooks

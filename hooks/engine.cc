@@ -3,6 +3,7 @@
 #include "hooks/engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <new>
 #include <cstdio>
@@ -856,6 +857,13 @@ void Engine::ResetPeak() {
 }
 void Engine::NoteCudaUse(Slot*) {}
 #endif
+
+void Engine::TraceMark(const std::string& label) {
+  TORCH_CHECK(!label.empty() && std::none_of(label.begin(), label.end(), [](unsigned char c) { return std::isspace(c); }),
+              "dtr.trace_mark: the label must be one word, without spaces (got '", label, "')");
+  std::unique_lock<std::recursive_timed_mutex> l(mu_);
+  if (tracing()) TraceLine(absl::StrCat("mark ", label));  // Note [Trace format]
+}
 
 Engine::MemoryCounters Engine::Counters() {
   MemoryCounters m;

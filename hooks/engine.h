@@ -207,6 +207,10 @@ class Engine final : public ReplayBackend,
   void SetBudget(int64_t bytes);
   int64_t Budget();
   void ResetPeak();
+  // torch.ops.dtr.trace_mark: a `mark LABEL` line in the trace (DTR_TRACE_FILE), nothing when not
+  // tracing (Note [Steady-state steps], runtime/sim/simulator.h). Throws for a label that is not
+  // one trace token.
+  void TraceMark(const std::string& label);
   // dtr.disable() / dtr.enable(): while paused the fallback passes every op through and nothing
   // is evicted. Pausing first brings back every evicted storage the program still holds, so
   // code that runs while paused (or reads memory outside the dispatcher) sees real data.

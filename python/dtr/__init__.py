@@ -22,7 +22,7 @@ import os as _os
 from dtr import _library
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "pin", "unpin", "set_budget", "budget",
-           "reset_peak_stats", "unevictable_at_peak", "library_path", "cmake_prefix_path", "OPTIONS"]
+           "reset_peak_stats", "unevictable_at_peak", "trace_mark", "library_path", "cmake_prefix_path", "OPTIONS"]
 
 __version__ = _library.build_info.VERSION if _library.build_info else "0+unknown"
 
@@ -208,6 +208,15 @@ def reset_peak_stats():
     if _is_loaded() and _activated():
         import torch
         torch.ops.dtr.reset_peak()
+
+
+def trace_mark(label):
+    """Writes `mark LABEL` into the trace (DTR_TRACE_FILE; nothing when not tracing): dtr-sim
+    reports its costs so far at each mark, so the steps after a warm-up can be measured apart
+    (mark each training step). LABEL is one word."""
+    if _is_loaded() and _activated():
+        import torch
+        torch.ops.dtr.trace_mark(str(label))
 
 
 def pin(tensor):

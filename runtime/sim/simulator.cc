@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/replay_backend.h"
@@ -148,6 +149,16 @@ std::string SimResult::ToJson(const RuntimeConfig& config) const {
       ok ? "ok" : "oom", HeuristicName(config.heuristic), DeallocPolicyName(config.dealloc),
       SearchModeName(config.search), budget_bytes, peak_bytes, base_cost, total_cost, compute_ratio(),
       stats.evictions, stats.rematerializations, events_replayed, stats.ToJson());
+  absl::StrAppend(&json, ", \"marks\": [");
+  for (size_t i = 0; i < marks.size(); ++i) {
+    const MarkCosts& m = marks[i];
+    // Labels are trace tokens (no whitespace) but may hold quotes: escape them.
+    absl::StrAppend(&json, i ? ", " : "", "{\"label\": \"", absl::CEscape(m.label), "\", ",
+                    absl::StrFormat("\"event\": %d, \"base_cost\": %.17g, \"total_cost\": %.17g, "
+                                    "\"evictions\": %d, \"rematerializations\": %d}",
+                                    m.event, m.base_cost, m.total_cost, m.evictions, m.rematerializations));
+  }
+  absl::StrAppend(&json, "]");
   if (!ok) {
     std::string escaped;
     for (char c : error) {
@@ -275,6 +286,12 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         if (!s.ok()) return s.status();
         tensors[e.tensor].live = false;
         status = rt.DropRef(*s);
+        break;
+      }
+      case EventKind::kMark: {  // Note [Steady-state steps]
+        const RuntimeStats& st = rt.stats();
+        result.marks.push_back(MarkCosts{e.name, result.events_replayed, st.base_cost, st.total_cost(), st.evictions,
+                                         st.rematerializations});
         break;
       }
     }

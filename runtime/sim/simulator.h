@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/config.h"
@@ -21,6 +22,20 @@ struct SimOptions {
   bool check_invariants = false;
 };
 
+// Note [Steady-state steps]: a training run's first step is not like the others. Before it the
+// gradients and the optimizer state do not exist yet, so under a budget sized for the steps that
+// hold them (static + r x activations) it has that much more room and rematerializes little. A
+// driver measures the steps after a warm-up instead: it marks each step in the trace
+// (torch.ops.dtr.trace_mark) and takes the costs between two marks, or from one to the end.
+struct MarkCosts {
+  std::string label;
+  size_t event = 0;         // events replayed before the mark
+  double base_cost = 0;     // cumulative, as in SimResult
+  double total_cost = 0;
+  size_t evictions = 0;
+  size_t rematerializations = 0;
+};
+
 struct SimResult {
   bool ok = false;       // false: the budget was infeasible ("oom")
   std::string error;     // the runtime's explanation when !ok
@@ -30,10 +45,11 @@ struct SimResult {
   double total_cost = 0;
   size_t events_replayed = 0;
   RuntimeStats stats;
+  std::vector<MarkCosts> marks;  // each `mark` replayed, in order (an out-of-memory run: those reached)
 
   double compute_ratio() const { return base_cost > 0 ? total_cost / base_cost : 1.0; }
   // One JSON object: status, budget_bytes, peak_bytes, base_cost, total_cost, compute_ratio,
-  // evictions, rematerializations and the rest of the stats.
+  // evictions, rematerializations, the rest of the stats and the marks.
   std::string ToJson(const RuntimeConfig& config) const;
 };
 

@@ -156,9 +156,15 @@ class Parser {
       auto t = Use(tok[1]);
       if (!t.ok()) return t.status();
       e.tensor = *t;
+    } else if (kind == "mark") {
+      if (version_ < 3) return Error("'mark' needs trace version 3");
+      if (tok.size() != 2) return Error("expected 'mark LABEL'");
+      e.kind = EventKind::kMark;
+      e.name = std::string(tok[1]);
     } else {
       return Error(absl::StrCat("unknown event '", kind,
-                                "'; expected const, call, opaque, mutate, mutate-opaque, overwrite, copy or release"));
+                                "'; expected const, call, opaque, mutate, mutate-opaque, overwrite, copy, release "
+                                "or mark"));
     }
     trace_.events.push_back(std::move(e));
     return absl::OkStatus();
@@ -212,6 +218,9 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
         break;
       case EventKind::kRelease:
         out << "release " << names[e.tensor] << "\n";
+        break;
+      case EventKind::kMark:
+        out << "mark " << e.name << "\n";
         break;
     }
   }

@@ -3,7 +3,7 @@
 // copies and drops). The torch layer writes it (DTR_TRACE_FILE); dtr-sim replays it.
 //
 // Note [Trace format]
-//   dtr-trace 2                                  first non-comment line: magic and version
+//   dtr-trace 3                                  first non-comment line: magic and version
 //   # anything                                   comment (also blank lines)
 //   const T BYTES                                a constant storage (parameter, input) named T
 //   call NAME COST [scratch=B] IN... -> OUT...   an op; each OUT is T:BYTES (new storage) or
@@ -17,12 +17,16 @@
 //                                                reading it (Runtime::MutateCall::overwrites)
 //   copy T OLD                                   T is another reference to OLD's tensor
 //   release T                                    the program dropped its reference T
+//   mark LABEL                                   a point the program named (torch.ops.dtr.
+//                                                trace_mark): dtr-sim reports its costs so far
+//                                                there, so a driver can measure the steps after
+//                                                a warm-up (Note [Steady-state steps])
 // Tensor names are tokens without whitespace, ':' or '='; every name is defined once (the
 // torch layer numbers them). COST is a non-negative number in clock units (ns for real runs).
 // Every op line (call, opaque, mutate, mutate-opaque, overwrite) may give, right after COST,
 // `scratch=B`: the bytes of workspace the op held beyond its inputs and outputs while it ran
 // (Note [Scratch memory], runtime.cc); absent means 0. Version 1 is version 2 without it, and
-// is still read.
+// version 2 is version 3 without `mark`; both are still read.
 // A new tensor holds one reference; a storage lives while any of its tensors is referenced.
 #ifndef DTR_RUNTIME_SIM_TRACE_H_
 #define DTR_RUNTIME_SIM_TRACE_H_
@@ -37,10 +41,10 @@
 
 namespace dtr::sim {
 
-inline constexpr int kTraceVersion = 2;
+inline constexpr int kTraceVersion = 3;
 inline constexpr int kOldestTraceVersion = 1;
 
-enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease };
+enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease, kMark };
 
 struct TraceOutput {
   int tensor = -1;
@@ -50,7 +54,7 @@ struct TraceOutput {
 
 struct TraceEvent {
   EventKind kind;
-  std::string name;          // op name (call/opaque/mutate)
+  std::string name;          // op name (call/opaque/mutate); mark: its label
   double cost = 0;
   uint64_t scratch = 0;      // call/opaque/mutate: Note [Scratch memory]
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)

@@ -95,16 +95,20 @@ def test_simulator_rows(report):
 
 
 def test_activation_budgets_table(tmp_path):
-    """bench/activation_budgets.py on the chain: a trace, a floor below the peak, and a table that
-    starts at r=1 (ratio 1.00x) and goes down until out of memory or r=0.1, with ratios that are
-    at least 1 and a last one above 1 (the budget forced rematerialization)."""
+    """bench/activation_budgets.py on the chain: a trace of 3 steps measured after a warm-up step, a
+    floor below the peak, and a table that starts at r=1 (ratio 1.00x) and goes down until out of
+    memory or r=0.1, with ratios that are at least 1 and a last one above 1 (the budget forced
+    rematerialization); a warm-up of all the steps is refused."""
     build = build_dir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     out = tmp_path / "activations.md"
     r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_budgets.py"), "--build", build, "--models",
-                        "chain", "--work", str(tmp_path), "--out", str(out), "--traces", "1", "--seeds", "1,2"],
+                        "chain", "--work", str(tmp_path), "--out", str(out), "--traces", "1", "--seeds", "1,2",
+                        "--steps", "3", "--warmup", "1"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    # Note [Steady-state steps]: the cells measure the steps after the warm-up, from the trace's marks.
+    assert "traces of 3 training steps on the CPU, of which the first 1 are warm-up" in out.read_text()
     # One row in the budgets table, one in the unevictable-memory table.
     row = [line for line in out.read_text().splitlines() if line.startswith("| chain |")]
     assert len(row) == 2, out.read_text()
@@ -114,6 +118,9 @@ def test_activation_budgets_table(tmp_path):
     assert ratios and ratios[0] == 1.0 and all(x >= 1.0 for x in ratios) and ratios[-1] > 1.0, cells
     unevictable = [c.strip() for c in row[1].strip("|").split("|")]
     assert unevictable[3].endswith("%") and unevictable[4] in ("yes", "**no**"), unevictable
+    bad = subprocess.run([PY, os.path.join(REPO, "bench", "activation_budgets.py"), "--build", build, "--models",
+                          "chain", "--steps", "2", "--warmup", "2"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--warmup 2 must be at least 0 and below --steps 2" in bad.stderr, bad.stderr
 
 
 def test_op_overhead_reports_each_mode_against_plain():

@@ -170,12 +170,46 @@ def test_trace_file_replays_in_simulator(tmp_path):
     f = tmp_path / "trace.txt"
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f.read_text().startswith("dtr-trace 2")
+    assert f.read_text().startswith("dtr-trace 3")
     sim = os.path.join(build_dir(), "bin", "dtr-sim")
     assert os.path.exists(sim), f"{sim} is not built (scripts/test.sh builds it; BUILD_DIR names the build)"
     p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "ok" in p.stdout, p.stdout[-2000:]
+
+
+def test_trace_marks_let_the_simulator_measure_steps_apart(tmp_path):
+    """Note [Steady-state steps]: dtr.trace_mark writes a mark into the trace, and dtr-sim reports
+    the costs so far at each one, so the steps after a warm-up can be measured on their own. A
+    label that is not one word is refused with a message, and nothing is written for it."""
+    f = tmp_path / "trace.txt"
+    code = """
+import torch, dtr
+w = torch.randn(64, 64, requires_grad=True)
+for step in range(3):
+    dtr.trace_mark(f"step-{step}")
+    x = torch.randn(32, 64)
+    (x @ w).tanh().sum().backward()
+try:
+    dtr.trace_mark("two words")
+except RuntimeError as e:
+    print("refused:", e)
+"""
+    r = run([PY, "-c", code], preload=True, DTR_TRACE_FILE=str(f))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: dtr.trace_mark: the label must be one word" in r.stdout, r.stdout + r.stderr[-2000:]
+    text = f.read_text()
+    assert [line for line in text.splitlines() if line.startswith("mark")] == ["mark step-0", "mark step-1", "mark step-2"]
+    sim = os.path.join(build_dir(), "bin", "dtr-sim")
+    p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    marks = d["marks"]
+    assert [m["label"] for m in marks] == ["step-0", "step-1", "step-2"]
+    # No budget: nothing is rematerialized, and each step (mm, tanh, sum, backward) adds base cost.
+    assert all(m["total_cost"] == m["base_cost"] for m in marks)
+    assert 0 < marks[1]["base_cost"] - marks[0]["base_cost"] and marks[2]["base_cost"] < d["base_cost"]
+    assert marks[0]["event"] < marks[1]["event"] < marks[2]["event"] < d["events"]
 
 
 def test_trace_gives_each_ops_scratch_memory(tmp_path):

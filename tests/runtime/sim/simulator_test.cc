@@ -167,6 +167,52 @@ TEST(Simulator, InfeasibleBudgetIsReportedAsOom) {
   EXPECT_THAT(json, HasSubstr("\"error\": "));
 }
 
+// Note [Steady-state steps]: each mark reports the cumulative costs where it stands, so a driver
+// measures the steps between two marks. At 310 bytes, d's output evicts b (a and c are its
+// inputs) and e brings b back, a replay of cost 7 between the marks "step" and "end".
+TEST(Simulator, MarksReportTheCostsSoFar) {
+  auto trace = ParseTrace(R"(dtr-trace 3
+const x 10
+mark build
+call a 5 x -> a:100
+call b 7 a -> b:100
+call c 11 b -> c:100
+mark step
+call d 13 a c -> d:100
+release c
+call e 3 b d -> e:100
+release a
+release b
+release d
+release e
+mark end
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (const auto& h : AllHeuristics()) {
+    SimOptions options = Options(310, h.kind);
+    options.runtime.search = SearchMode::kExact;
+    auto result = Simulate(*trace, options);
+    ASSERT_TRUE(result.ok()) << h.name << ": " << result.status();
+    ASSERT_TRUE(result->ok) << h.name << ": " << result->error;
+    ASSERT_EQ(result->marks.size(), 3u) << h.name;
+    const MarkCosts &build = result->marks[0], &step = result->marks[1], &end = result->marks[2];
+    EXPECT_EQ(build.label, "build");
+    EXPECT_EQ(build.event, 1u);
+    EXPECT_EQ(build.total_cost, 0);
+    EXPECT_EQ(step.label, "step");
+    EXPECT_EQ(step.base_cost, 23);
+    EXPECT_EQ(step.total_cost, 23) << h.name;
+    EXPECT_EQ(step.rematerializations, 0u) << h.name;
+    EXPECT_EQ(end.base_cost, 39);
+    EXPECT_EQ(end.total_cost - end.base_cost, 7) << h.name;
+    EXPECT_EQ(end.rematerializations - step.rematerializations, 1u) << h.name;
+    EXPECT_GE(end.evictions - step.evictions, 1u) << h.name;
+    EXPECT_EQ(result->total_cost, end.total_cost) << h.name;
+    EXPECT_THAT(result->ToJson(options.runtime),
+                HasSubstr("\"marks\": [{\"label\": \"build\", \"event\": 1, \"base_cost\": 0, \"total_cost\": 0, "));
+  }
+}
+
 TEST(Simulator, ViewsCopiesMutationsAndOpaqueOpsKeepValuesExact) {
   auto trace = ParseTrace(R"(dtr-trace 1
 const x 10

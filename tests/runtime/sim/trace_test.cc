@@ -93,6 +93,28 @@ mutate add_ 1 scratch=64 e x -> e
   EXPECT_EQ(TraceToString(*again), text);
 }
 
+// Note [Steady-state steps]: a mark is an event of its own, kept in order with its label.
+TEST(Trace, MarksNameAPointAndRoundTrip) {
+  auto trace = ParseTrace(R"(dtr-trace 3
+const x 8
+mark step-1
+call f 2 x -> y:8
+mark step-2
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 4u);
+  EXPECT_EQ(trace->events[1].kind, EventKind::kMark);
+  EXPECT_EQ(trace->events[1].name, "step-1");
+  EXPECT_EQ(trace->events[3].kind, EventKind::kMark);
+  EXPECT_EQ(trace->events[3].name, "step-2");
+  const std::string text = TraceToString(*trace);
+  EXPECT_THAT(text, HasSubstr("dtr-trace 3\n"));
+  EXPECT_THAT(text, HasSubstr("\nmark step-1\ncall f 2 x -> y:8\nmark step-2\n"));
+  auto again = ParseTrace(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), text);
+}
+
 TEST(Trace, WriteThenParseRoundTrips) {
   auto trace = ParseTrace(kExample);
   ASSERT_TRUE(trace.ok());
@@ -118,7 +140,9 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
     const char* message;
   } cases[] = {
       {"call f 1 -> y:1\n", "first line"},
-      {"dtr-trace 3\n", "unsupported trace version 3"},
+      {"dtr-trace 4\n", "unsupported trace version 4"},
+      {"dtr-trace 2\nmark step\n", "'mark' needs trace version 3"},
+      {"dtr-trace 3\nmark\n", "expected 'mark LABEL'"},
       {"dtr-trace 0\n", "unsupported trace version 0"},
       {"dtr-trace 1\nconst x 1\ncall f 1 scratch=8 x -> y:1\n", "'scratch=' needs trace version 2"},
       {"dtr-trace 2\nconst x 1\ncall f 1 scratch=-8 x -> y:1\n", "bad byte size '-8'"},
@@ -131,6 +155,7 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
       {"dtr-trace 1\nconst x 1\ncall f 1 x -> y\n", "must be T:BYTES or T=BASE"},
       {"dtr-trace 1\nconst x 1\nconst z 1\nmutate f 1 x -> z\n", "not an input"},
       {"dtr-trace 1\nfrobnicate\n", "unknown event 'frobnicate'"},
+      {"dtr-trace 3\nmark a b\n", "line 2: expected 'mark LABEL'"},
       {"", "empty trace"},
   };
   for (const Case& c : cases) {
