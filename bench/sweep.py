@@ -691,9 +691,9 @@ PLANNER_ORDER = ["rotor", "sqrt", "best-sequential"]
 
 def chain_section(results, a):
     L = ["## Simulator vs optimal plans on the chain-shaped models\n",
-         "dtr's simulated overhead (as above: extra cost ÷ base cost of the training steps) against planners that "
+         "dtr's simulated overhead (as above: extra cost ÷ base cost of the measured training steps) against planners that "
          "know the whole chain in advance, from `dtr-chain --planner all --slots "
-         f"{a.rotor_slots}` on a Rotor-style profile of the model's stages (one chain per traced step, costs and "
+         f"{a.rotor_slots}` on a Rotor-style profile of the model's stages (one chain per measured step, costs and "
          "base costs summed over the steps): `rotor` is Rotor's optimal persistent dynamic program, `sqrt` "
          "checkpoint_sequential with ceil(√L) segments (Chen et al.), `best-sequential` the cheapest segment "
          "count that fits. The profile: forward/backward time per stage (plain process, minimum of the timed "
