@@ -3,7 +3,8 @@ steps, printing one JSON object per line on stdout. It runs plainly or under
 LD_PRELOAD=libdtr.so (the driver decides; DTR_HEURISTIC etc. come from the environment).
 
   step_worker.py blocks  --model M --blocks JSON     a list of measured blocks
-  step_worker.py trace   --model M --steps N         N steps for DTR_TRACE_FILE, and the bytes
+  step_worker.py trace   --model M --steps N         N steps for DTR_TRACE_FILE (each marked: `mark step-I`,
+                                                     then `mark end`), and the bytes
                                                      that are not activations
   step_worker.py profile --model M --batches 0,1     Rotor-style profile of the chain stages
 

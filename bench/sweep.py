@@ -267,15 +267,18 @@ SIM_TIMEOUT_SECONDS = 120
 
 def steady_overhead(d, warmup):
     """(remat cost) / (base cost) between the trace's marks step-<warmup> and end; None for a run
-    that did not finish."""
-    if d["status"] != "ok":
-        return None
-    marks = {m["label"]: m for m in d.get("marks", [])}
-    if f"step-{warmup}" not in marks or "end" not in marks:
+    that ran out of memory before the end mark (after it, the worker only measures the batches,
+    and dtr-sim brings back what the program still holds: not training steps)."""
+    marks = {m["label"]: m for m in d.get("marks") or []}
+    if d["status"] == "ok" and (f"step-{warmup}" not in marks or "end" not in marks):
         raise WorkerError(f"dtr-sim's result lacks the trace marks step-{warmup} and end: {sorted(marks)}")
+    if "end" not in marks:
+        return None
     start, end = marks[f"step-{warmup}"], marks["end"]
-    remat = (end["total_cost"] - end["base_cost"]) - (start["total_cost"] - start["base_cost"])
-    return remat / (end["base_cost"] - start["base_cost"])
+    base = end["base_cost"] - start["base_cost"]
+    if base <= 0:
+        raise WorkerError(f"no base cost between the marks step-{warmup} and end: the measured steps ran no op")
+    return ((end["total_cost"] - end["base_cost"]) - (start["total_cost"] - start["base_cost"])) / base
 
 
 def run_sim(runner, trace, heuristic, ratio):
@@ -315,6 +318,7 @@ def simulate(runner, bm, work):
             # to the end (Note [Steady-state steps], runtime/sim/simulator.h: the warm-up steps run
             # before the gradients and the optimizer state exist, and cold).
             d["overhead"] = steady_overhead(d, a.trace_warmup)
+            del d["marks"]  # read once: cpu.json keeps the overhead
             rows.append(d)
         sim["runs"][h] = rows
     ok = [d for d in sim["runs"][a.sim_heuristics[0]] if d["ratio"] == 1.0 and d["status"] == "ok"]
@@ -726,7 +730,7 @@ def chain_section(results, a):
         L.append(f"Bytes outside the chain's activations: {mib(ch['nonchain_bytes'])}; the trace's activations at "
                  f"its peak: {mib(act)}; the chain model's peak without recomputation: "
                  + ", ".join(f"{mib(pk)} ({pk / act - 1:+.0%})" for pk in ch["chain_peak_bytes"])
-                 + " (per traced step).\n")
+                 + " (per measured step).\n")
         hs = [h for h in dict.fromkeys((DEFAULT_HEURISTIC, "dtr", "dtr-eq", "lru")) if h in res["sim"]["runs"]]
         ps = [p for p in PLANNER_ORDER if p in ch["planners"]] + [p for p in ch["planners"] if p not in PLANNER_ORDER]
         L.append("| ratio | sim budget | bytes removed | " + " | ".join(hs) + " | " + " | ".join(ps) +

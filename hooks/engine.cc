@@ -859,10 +859,13 @@ void Engine::NoteCudaUse(Slot*) {}
 #endif
 
 void Engine::TraceMark(const std::string& label) {
-  TORCH_CHECK(!label.empty() && std::none_of(label.begin(), label.end(), [](unsigned char c) { return std::isspace(c); }),
-              "dtr.trace_mark: the label must be one word, without spaces (got '", label, "')");
+  TORCH_CHECK(!label.empty() && std::all_of(label.begin(), label.end(), [](unsigned char c) { return std::isgraph(c); }),
+              "dtr.trace_mark: the label must be one word of printable ASCII, without spaces (got '", label, "')");
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
-  if (tracing()) TraceLine(absl::StrCat("mark ", label));  // Note [Trace format]
+  if (!tracing()) return;
+  // Tensors the program dropped before the mark are released before it in the trace.
+  if (busy_ == 0) DrainDeaths();
+  TraceLine(absl::StrCat("mark ", label));  // Note [Trace format]
 }
 
 Engine::MemoryCounters Engine::Counters() {

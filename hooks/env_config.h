@@ -13,7 +13,7 @@
 //   DTR_DEALLOC     eager-evict | banish (dtr::ParseDeallocPolicy)
 //   DTR_SEARCH      sampled | exact (dtr::ParseSearchMode)
 //   DTR_STATS_FILE  path: JSON statistics written at process exit
-//   DTR_TRACE_FILE  path: trace format v1 (runtime/sim/trace.h) written as the program runs
+//   DTR_TRACE_FILE  path: the trace (Note [Trace format], runtime/sim/trace.h) written as the program runs
 //                   (both may hold {rank} and {pid}: Note [Per-process file names])
 //   DTR_VERBOSE     0 | 1 | 2
 //   DTR_ENABLE      0 | 1 (default 1): 0 leaves the process untouched even when preloaded

@@ -212,11 +212,16 @@ def reset_peak_stats():
 
 def trace_mark(label):
     """Writes `mark LABEL` into the trace (DTR_TRACE_FILE; nothing when not tracing): dtr-sim
-    reports its costs so far at each mark, so the steps after a warm-up can be measured apart
-    (mark each training step). LABEL is one word."""
+    reports its costs so far at each mark, so the steps after a warm-up can be measured apart.
+    Mark each training step with its own label (dtr.trace_mark(f"step-{i}")). LABEL is one word
+    of printable ASCII; anything else raises ValueError, whether or not dtr is active."""
+    label = str(label)
+    if not label or not all("!" <= c <= "~" for c in label):
+        raise ValueError(f"dtr.trace_mark: the label must be one word of printable ASCII, without spaces "
+                         f"(got {label!r})")
     if _is_loaded() and _activated():
         import torch
-        torch.ops.dtr.trace_mark(str(label))
+        torch.ops.dtr.trace_mark(label)
 
 
 def pin(tensor):

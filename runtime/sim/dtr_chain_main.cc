@@ -19,6 +19,7 @@
 #include "runtime/bytes.h"
 #include "runtime/sim/chain.h"
 #include "runtime/sim/chain_schedule.h"
+#include "runtime/sim/json.h"
 #include "runtime/sim/rotor_planner.h"
 #include "runtime/sim/sequential_checkpoint_planner.h"
 
@@ -58,21 +59,6 @@ std::string JsonNumber(double value) {
     if (std::strtod(text.c_str(), nullptr) == value) return text;
   }
   return absl::StrFormat("%.17g", value);
-}
-
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 struct Budget {

@@ -5,11 +5,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/replay_backend.h"
 #include "runtime/runtime.h"
+#include "runtime/sim/json.h"
 
 namespace dtr::sim {
 namespace {
@@ -152,21 +152,13 @@ std::string SimResult::ToJson(const RuntimeConfig& config) const {
   absl::StrAppend(&json, ", \"marks\": [");
   for (size_t i = 0; i < marks.size(); ++i) {
     const MarkCosts& m = marks[i];
-    // Labels are trace tokens (no whitespace) but may hold quotes: escape them.
-    absl::StrAppend(&json, i ? ", " : "", "{\"label\": \"", absl::CEscape(m.label), "\", ",
+    absl::StrAppend(&json, i ? ", " : "", "{\"label\": ", JsonString(m.label), ", ",
                     absl::StrFormat("\"event\": %d, \"base_cost\": %.17g, \"total_cost\": %.17g, "
                                     "\"evictions\": %d, \"rematerializations\": %d}",
                                     m.event, m.base_cost, m.total_cost, m.evictions, m.rematerializations));
   }
   absl::StrAppend(&json, "]");
-  if (!ok) {
-    std::string escaped;
-    for (char c : error) {
-      if (c == '"' || c == '\\') escaped += '\\';
-      escaped += c;
-    }
-    absl::StrAppend(&json, ", \"error\": \"", escaped, "\"");
-  }
+  if (!ok) absl::StrAppend(&json, ", \"error\": ", JsonString(error));
   return json + "}";
 }
 

@@ -181,7 +181,8 @@ def test_trace_file_replays_in_simulator(tmp_path):
 def test_trace_marks_let_the_simulator_measure_steps_apart(tmp_path):
     """Note [Steady-state steps]: dtr.trace_mark writes a mark into the trace, and dtr-sim reports
     the costs so far at each one, so the steps after a warm-up can be measured on their own. A
-    label that is not one word is refused with a message, and nothing is written for it."""
+    label that is not one word of printable ASCII is refused with a message (by the package and by
+    the op), and nothing is written for it; without dtr, dtr.trace_mark checks and does nothing."""
     f = tmp_path / "trace.txt"
     code = """
 import torch, dtr
@@ -190,14 +191,22 @@ for step in range(3):
     dtr.trace_mark(f"step-{step}")
     x = torch.randn(32, 64)
     (x @ w).tanh().sum().backward()
+for bad in ("two words", "", "étape"):
+    try:
+        dtr.trace_mark(bad)
+    except ValueError as e:
+        print("refused:", e)
 try:
-    dtr.trace_mark("two words")
+    torch.ops.dtr.trace_mark("two words")  # the op itself checks too
 except RuntimeError as e:
-    print("refused:", e)
+    print("op refused:", e)
 """
     r = run([PY, "-c", code], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "refused: dtr.trace_mark: the label must be one word" in r.stdout, r.stdout + r.stderr[-2000:]
+    refused = [line for line in r.stdout.splitlines()
+               if line.startswith("refused: dtr.trace_mark: the label must be one word of printable ASCII")]
+    assert len(refused) == 3, r.stdout + r.stderr[-2000:]
+    assert "op refused: dtr.trace_mark: the label must be one word of printable ASCII" in r.stdout, r.stdout
     text = f.read_text()
     assert [line for line in text.splitlines() if line.startswith("mark")] == ["mark step-0", "mark step-1", "mark step-2"]
     sim = os.path.join(build_dir(), "bin", "dtr-sim")
@@ -210,6 +219,9 @@ except RuntimeError as e:
     assert all(m["total_cost"] == m["base_cost"] for m in marks)
     assert 0 < marks[1]["base_cost"] - marks[0]["base_cost"] and marks[2]["base_cost"] < d["base_cost"]
     assert marks[0]["event"] < marks[1]["event"] < marks[2]["event"] < d["events"]
+    plain = run([PY, "-c", "import dtr; dtr.trace_mark('step-0'); print(dtr.is_enabled())\n"
+                 "try:\n    dtr.trace_mark('a b')\nexcept ValueError as e:\n    print('refused')"])
+    assert plain.returncode == 0 and plain.stdout.split() == ["False", "refused"], plain.stdout + plain.stderr[-2000:]
 
 
 def test_trace_gives_each_ops_scratch_memory(tmp_path):

@@ -12,6 +12,7 @@ namespace dtr::sim {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Trace Generate(const std::string& kind, int n = 0) {
   GeneratorOptions options;
@@ -211,6 +212,32 @@ mark end
     EXPECT_THAT(result->ToJson(options.runtime),
                 HasSubstr("\"marks\": [{\"label\": \"build\", \"event\": 1, \"base_cost\": 0, \"total_cost\": 0, "));
   }
+}
+
+// A run out of memory reports the marks it reached, and only those; labels are JSON-escaped.
+TEST(Simulator, AnOutOfMemoryRunReportsTheMarksItReached) {
+  auto trace = ParseTrace(R"(dtr-trace 3
+const x 10
+mark a"b\c
+call a 5 x -> a:100
+mark step
+call b 7 a -> b:100
+mark end
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  SimOptions options = Options(150, HeuristicKind::kDtr);
+  auto result = Simulate(*trace, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->ok);
+  ASSERT_EQ(result->marks.size(), 2u);
+  EXPECT_EQ(result->marks[0].label, "a\"b\\c");
+  EXPECT_EQ(result->marks[1].label, "step");
+  EXPECT_EQ(result->marks[1].base_cost, 5);
+  const std::string json = result->ToJson(options.runtime);
+  EXPECT_THAT(json, HasSubstr("\"status\": \"oom\""));
+  EXPECT_THAT(json, HasSubstr("\"marks\": [{\"label\": \"a\\\"b\\\\c\", \"event\": 1, "));
+  EXPECT_THAT(json, HasSubstr("{\"label\": \"step\", \"event\": 3, \"base_cost\": 5, "));
+  EXPECT_THAT(json, Not(HasSubstr("\"end\"")));
 }
 
 TEST(Simulator, ViewsCopiesMutationsAndOpaqueOpsKeepValuesExact) {
