@@ -38,6 +38,9 @@ absl::Status RuntimeConfig::Validate() const {
   if (!(thrash_damping >= 0) || !std::isfinite(thrash_damping))
     return absl::InvalidArgumentError(absl::StrCat("thrash_damping must be >= 0, got ", thrash_damping));
   if (thrash_half_life_ops == 0) return absl::InvalidArgumentError("thrash_half_life_ops must be >= 1");
+  if (!(rebuild_protection >= 1) || !std::isfinite(rebuild_protection))
+    return absl::InvalidArgumentError(
+        absl::StrCat("rebuild_protection must be >= 1 (1: none), got ", rebuild_protection));
   if (max_replay_depth == 0) return absl::InvalidArgumentError("max_replay_depth must be >= 1");
   if (!(max_recompute_ratio >= 0) || !std::isfinite(max_recompute_ratio))
     return absl::InvalidArgumentError(
@@ -51,13 +54,13 @@ std::string RuntimeConfig::ToString() const {
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache_events=%d "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d replays_refresh_staleness=%d "
-      "max_replay_depth=%d "
+      "rebuild_protection=%g max_replay_depth=%d "
       "max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
       min_samples, max_samples, neighborhood_walk_limit, cut_losing_walks, neighborhood_cache_events,
       small_storage_fraction, thrash_damping, thrash_half_life_ops,
-      replays_refresh_staleness, max_replay_depth,
+      replays_refresh_staleness, rebuild_protection, max_replay_depth,
       max_recompute_ratio, recompute_half_life_ops, seed);
 }
 

@@ -66,6 +66,10 @@ struct RuntimeConfig {
   // keeps the last access it had; only the program's ops touch. true makes a replay touch what it
   // brings back (the behaviour until stop 33), for the simulator's comparisons.
   bool replays_refresh_staleness = false;
+  // Note [Rebuilt segments] (remat.cc): while a rematerialization is under way, the storages it
+  // has already brought back have their scores multiplied by this, so the search takes them
+  // last. 1: no protection.
+  double rebuild_protection = 30;
   uint64_t seed = 0x5eed;
   // Note [Bounded replay chains] (runtime.cc): a storage recorded deeper than this many recipe
   // ops behind the nearest constants becomes a constant itself.

@@ -81,6 +81,8 @@ struct StorageRecord {
   EvictedComponents::Node component = EvictedComponents::kNone;  // valid while evicted
   uint64_t handle = 0;               // opaque to the runtime: the backend's buffer handle
   uint64_t remat_count = 0;
+  // Note [Rebuilt segments] (remat.cc): the rematerialization that last brought it back.
+  uint64_t rebuild_epoch = 0;
   // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;

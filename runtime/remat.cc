@@ -46,6 +46,33 @@ namespace dtr {
 // RuntimeConfig::replays_refresh_staleness (dtr-sim --replays-refresh-staleness) restores the
 // touch for comparisons.
 
+// Note [Rebuilt segments]
+// To bring back one evicted activation, a rematerialization often replays a segment: from the
+// nearest resident storage (a checkpoint) through each evicted storage in between. The rebuilt
+// storages keep their forward-pass last access (Note [Staleness of replayed storages]), hundreds
+// of ops stale against a backward pass's fresh gradients, so while the replays make room for
+// the next storage of the segment, the search evicted the one just used: the rebuild ran in a
+// window of one or two storages and left only its target. The next backward op needs the storage
+// before that target, and the whole segment was replayed again from the checkpoint: about L^2/2
+// replays for a segment of L layers where keeping part of it costs about L (seen in a replay log
+// of the chain at r = 0.34: early layers replayed 2-3 times a step, up to 9 times under exact
+// search; bench/results/activations.md, stop 35). So while a rematerialization is under way, the
+// storages it has brought back have their scores multiplied by RuntimeConfig::rebuild_protection
+// (default 30): the search takes them last, but still takes them when the rest scores over 30
+// times worse, so a rebuild that does not fit is not made to fail. Once the rematerialization
+// ends, they are ordinary candidates again, and their forward-order staleness makes the search
+// evict the segment from its start, which the backward pass needs last. Materialize calls nest
+// (an in-place mutation may bring a storage back inside another's replay): the outermost one
+// numbers the rebuild (Runtime::rebuild_epoch_), and a storage carries the number of the rebuild
+// that last brought it back. On the activation-budget traces (steady-state steps, 3 traces x 3
+// seeds, r = 0.5/0.4/0.3/0.25/0.2), 1 (none) -> 30: the chain 1.21/1.34/1.50/1.58/1.70x ->
+// 1.20/1.29/1.41/1.49/1.63x, the LSTM 1.33/1.65/2.08/2.31/2.97x -> 1.29/1.55/1.95/2.18/2.61x, the
+// TreeLSTM 1.28/1.45/1.84/2.19/3.97x -> 1.27/1.43/1.72/2.08/3.42x, the Transformer
+// 1.29/1.41/1.65/1.91/2.45x -> 1.28/1.38/1.56/1.86/2.49x, DenseNet 1.25/1.44x -> 1.25/1.42x, UNet
+// at 0.4 1.98x -> 1.88x; ResNet 1.27/1.84x -> 1.31/1.87x, and UNet at 0.3, at its floor (0.29),
+// 2.33x -> out of memory in most runs. 10 kept UNet's 0.3 and gained less elsewhere; 100 gained
+// more on the LSTM (1.25x at 0.5) and cost more on ResNet and DenseNet (1.96x and 1.55x at 0.4).
+
 // Note [Recomputation limit]
 // Below the smallest budget a program can train at, dtr does not always run out of memory: it
 // may keep finding something to evict, and recompute it, for ever longer (a TreeLSTM trained at
@@ -91,6 +118,14 @@ absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
 
 absl::Status Runtime::Materialize(StorageId target) {
   if (rec(target).resident()) return absl::OkStatus();
+  // Note [Rebuilt segments]: what this rematerialization brings back is taken last until it ends.
+  struct RebuildUnderway {
+    explicit RebuildUnderway(Runtime* rt) : rt_(rt) {
+      if (rt_->rebuilds_underway_++ == 0) ++rt_->rebuild_epoch_;
+    }
+    ~RebuildUnderway() { --rt_->rebuilds_underway_; }
+    Runtime* rt_;
+  } underway(this);
   // One frame per storage being brought back; `stage` is the recipe op being replayed.
   struct Frame {
     StorageId id;
@@ -228,6 +263,7 @@ absl::Status Runtime::RunReplay(OpId id, const OpRecord& op, uint64_t output_byt
 }
 
 absl::Status Runtime::FinishRemat(StorageId id) {
+  rec(id).rebuild_epoch = rebuild_epoch_;  // Note [Rebuilt segments]
   if (config_.replays_refresh_staleness) Touch(id);  // Note [Staleness of replayed storages]
   SyncPool(id);
   NoteRemat(id);

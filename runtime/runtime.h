@@ -292,6 +292,10 @@ class Runtime {
   uint64_t pool_bytes_ = 0;
   uint64_t evicted_count_ = 0;
   double now_ = 0;
+  // Note [Rebuilt segments] (remat.cc): the rematerialization under way (Materialize calls
+  // nest: the outermost one numbers them), and how deep.
+  uint64_t rebuild_epoch_ = 0;
+  uint32_t rebuilds_underway_ = 0;
   // Note [Recomputation limit] (remat.cc): decayed sums over the recent ops.
   double window_base_cost_ = 0, window_overhead_cost_ = 0;  // the program's ops; replays and searches
   double window_decay_ = 1;  // per recorded op: 2^(-1 / recompute_half_life_ops)

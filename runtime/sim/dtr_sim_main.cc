@@ -19,7 +19,8 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
-          [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness] [--check]
+          [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness]
+          [--rebuild-protection K] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -32,6 +33,8 @@ candidates that cannot win (the same decisions, more work: Note [Bounded victim 
 (default 8; 0: walk every time, exact e*: Note [Neighborhood cost cache]).
 --replays-refresh-staleness makes a rematerialization touch the storages it brings back (the rule
 until stop 33: Note [Staleness of replayed storages]).
+--rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
+has brought back (default 30; 1: none; Note [Rebuilt segments]).
 )";
 
 int Fail(const std::string& message) {
@@ -107,6 +110,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--neighborhood-cache") {
       if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_cache_events))
         return Fail(absl::StrCat("--neighborhood-cache: not a number '", v, "'"));
+    } else if (arg == "--rebuild-protection") {
+      if (!absl::SimpleAtod(v, &options.runtime.rebuild_protection))
+        return Fail(absl::StrCat("--rebuild-protection: not a number '", v, "'"));
     } else if (arg == "--walk-limit") {
       if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_walk_limit))
         return Fail(absl::StrCat("--walk-limit: not a number '", v, "'"));

@@ -51,6 +51,9 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   EXPECT_TRUE(config.Validate().ok());
   config.max_samples = 0;  // no cap
   EXPECT_TRUE(config.Validate().ok());
+  EXPECT_NE(config.ToString().find("rebuild_protection=30 "), std::string::npos);  // Note [Rebuilt segments]
+  config.rebuild_protection = 0.5;  // would make rebuilt storages the first taken
+  EXPECT_FALSE(config.Validate().ok());
   EXPECT_FALSE(ParseDeallocPolicy("lazy").ok());
   EXPECT_EQ(*ParseDeallocPolicy("banish"), DeallocPolicy::kBanish);
   EXPECT_EQ(*ParseSearchMode("exact"), SearchMode::kExact);

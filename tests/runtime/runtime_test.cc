@@ -1007,6 +1007,41 @@ TEST_F(RuntimeTest, EvictAtLeastFreesLowestScoresFirst) {
 // Note [One victim at a time] (hooks/engine.cc): the allocators evict Runtime::NextVictim's
 // choice, which must be the storage Reserve would evict, left resident until then, and must be
 // searched anew after each eviction (the victim's neighbours carry its cost afterwards).
+// Note [Rebuilt segments]: bringing c back replays a and b. Making room for c, the search would
+// evict a, stalest of all and just used, but it was rebuilt by the rematerialization under way:
+// with protection it takes a fresh g instead, and a stays for the ops that need it next.
+TEST_F(RuntimeTest, WhatARematerializationRebuiltIsTakenLastUntilItEnds) {
+  for (double protection : {1.0, 30.0}) {
+    RuntimeConfig config;
+    config.budget_bytes = 1 + 4 * 100;
+    config.heuristic = HeuristicKind::kDtr;
+    config.search = SearchMode::kExact;
+    config.rebuild_protection = protection;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 100);
+    StorageId b = Op1("b", {a}, 100);
+    StorageId c = Op1("c", {b}, 100);
+    for (StorageId s : {c, b, a}) ASSERT_TRUE(rt_->Evict(s).ok());
+    std::vector<StorageId> g;
+    for (int i = 0; i < 3; ++i) g.push_back(Op1("g", {x}, 100));
+    for (StorageId s : g) (void)Op1("reader", {s}, 0);  // not results awaiting their reader
+    ASSERT_TRUE(rt_->Access(c, 0).ok());
+    Check();
+    EXPECT_EQ(backend_.replays, (std::vector<std::string>{"a", "b", "c"}));
+    EXPECT_TRUE(Resident(b) && Resident(c));
+    const int g_resident = int(std::count_if(g.begin(), g.end(), [&](StorageId s) { return Resident(s); }));
+    if (protection == 1) {
+      EXPECT_FALSE(Resident(a)) << "without protection the rebuild evicts behind itself";
+      EXPECT_EQ(g_resident, 2);
+    } else {
+      EXPECT_TRUE(Resident(a)) << "a rebuilt storage is taken last while its rebuild is under way";
+      EXPECT_EQ(g_resident, 1);
+    }
+    backend_.replays.clear();
+  }
+}
+
 TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEviction) {
   Make(kUnlimitedBudget, HeuristicKind::kDtr);  // exact search
   StorageId x = Const(1);
