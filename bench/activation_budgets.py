@@ -74,7 +74,7 @@ def sweep(model, args, lib):
         path, info = trace(model, args.work, lib, args.steps, k)
         static = info["static_bytes"]
         free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
-        measured_ratio(free, args.warmup)  # the marks are there (steady_overhead says which are not)
+        steady_overhead(free, args.warmup)  # raises if the trace lacks the marks it measures between
         traces.append(dict(path=path, info=info, static=static, peak=free["peak_bytes"],
                            floor=free["stats"]["floor_bytes"]))
     first = traces[0]

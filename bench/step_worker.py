@@ -252,8 +252,9 @@ def optimizer_state_tensors(opt):
 
 def cmd_trace(args):
     """Runs `steps` training steps (the trace is the whole process: DTR_TRACE_FILE) on batches
-    0..steps-1, marking each step's start in the trace (`mark step-I`, then `mark end`), and reports the bytes that are not activations at the end (parameters, gradients,
-    optimizer state, the batches) and, per batch, the bytes of the chain's input among them."""
+    0..steps-1, marking each step's start in the trace (`mark step-I`, then `mark end`), and
+    reports the bytes that are not activations at the end (parameters, gradients, optimizer
+    state, the batches) and, per batch, the bytes of the chain's input among them."""
     bm = bench_models.get(args.model)
     batches = bm.batches(args.steps, args.device)
     model = bm.build(args.device)

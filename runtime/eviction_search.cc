@@ -105,12 +105,12 @@ Runtime::PartialScore Runtime::StartScore(StorageId id) {
   p.in.random = config_.heuristic == HeuristicKind::kRandom
                     ? std::uniform_real_distribution<double>(0, 1)(rng_)
                     : 0;
-  // Note [Rebuilt segments] (remat.cc)
-  if (rebuilds_underway_ > 0 && r.rebuild_epoch == rebuild_epoch_) p.damping *= config_.rebuild_protection;
   if (config_.thrash_damping > 0 && r.recent_remats > 0) {
     double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
     p.damping = 1 + config_.thrash_damping * r.recent_remats * std::exp2(-age);
   }
+  // Note [Rebuilt segments] (remat.cc): on top of Note [Thrashing]'s factor, not instead of it.
+  if (rebuilds_underway_ > 0 && r.rebuild_epoch == rebuild_epoch_) p.damping *= config_.rebuild_protection;
   return p;
 }
 

@@ -59,6 +59,9 @@ struct StorageRecord {
   // Note [Thrashing]
   double recent_remats = 0;
   uint64_t last_remat_op = 0;
+  // Note [Rebuilt segments] (remat.cc): the rematerialization that last brought it back (read
+  // while one is under way).
+  uint64_t rebuild_epoch = 0;
   // Ops that read this storage and that some live storage's recipe still contains.
   absl::InlinedVector<OpId, 4> readers;
   StorageState state = StorageState::kResident;
@@ -81,8 +84,6 @@ struct StorageRecord {
   EvictedComponents::Node component = EvictedComponents::kNone;  // valid while evicted
   uint64_t handle = 0;               // opaque to the runtime: the backend's buffer handle
   uint64_t remat_count = 0;
-  // Note [Rebuilt segments] (remat.cc): the rematerialization that last brought it back.
-  uint64_t rebuild_epoch = 0;
   // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;
