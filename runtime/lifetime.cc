@@ -132,6 +132,7 @@ void Runtime::ClearRecipe(StorageId id) {
       StorageRecord* in_rec = storages_.Find(in);
       if (in_rec == nullptr) continue;
       EraseValue(in_rec->readers, op_id);
+      RefreshPoolEntry(*in_rec);  // it may await its reader now (Note [Candidate table])
       if (in_rec->readers.empty()) MaybeCollect(in);
     }
     backend_->OnOpDropped(op_id, op);

@@ -39,6 +39,23 @@ bool Runtime::HasEvictedDependent(StorageId id) {
   return false;
 }
 
+bool Runtime::Reusable(uint64_t walked_at) const {
+  const uint32_t reuse_for = config_.neighborhood_cache_events;
+  return reuse_for > 0 && walked_at != StorageRecord::kNotCached && residency_changes_ - walked_at < reuse_for;
+}
+
+// What NeighborhoodCost(e.id, ...) returns, without reading the record when the pool entry shows
+// nothing to walk or a walk to reuse (Note [Candidate table]).
+double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound, double above, bool* stopped) {
+  if (stopped != nullptr) *stopped = false;
+  if (neighborhood_ == NeighborhoodKind::kNone || !(e.flags & PoolEntry::kNeighborEvicted)) return 0;
+  if (neighborhood_ != NeighborhoodKind::kUnionFind && Reusable(e.neighborhood_walked_at)) {
+    ++stats_.neighborhood_cache_hits;
+    return e.neighborhood_cost;
+  }
+  return NeighborhoodCost(e.id, bound, above, stopped);
+}
+
 // Note [Evicted-neighbor hint]
 // Most candidates have no evicted neighbor, and finding that out walks the recipe and reader
 // ops: a cache miss per hop, ~0.8 us a candidate once the records outgrow the cache. So each
@@ -69,14 +86,15 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
       cost += components_.Cost(root);
     };
     ForEachNeighbor(id, visit);
-    if (!any_evicted) self.neighbor_evicted = false;
+    if (!any_evicted) {
+      self.neighbor_evicted = false;
+      RefreshPoolEntry(self);
+    }
     return cost;
   }
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages,
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
-  const uint32_t reuse_for = config_.neighborhood_cache_events;
-  if (reuse_for > 0 && self.neighborhood_walked_at != StorageRecord::kNotCached &&
-      residency_changes_ - self.neighborhood_walked_at < reuse_for) {
+  if (Reusable(self.neighborhood_walked_at)) {
     ++stats_.neighborhood_cache_hits;
     return self.neighborhood_cost;  // Note [Neighborhood cost cache]
   }
@@ -143,6 +161,7 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
     self.neighborhood_walked_at = residency_changes_;
     self.neighborhood_cost = cost;
   }
+  RefreshPoolEntry(self);
   return cost;
 }
 

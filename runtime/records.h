@@ -101,6 +101,28 @@ struct StorageRecord {
   bool resident() const { return state == StorageState::kResident; }
 };
 
+// Note [Candidate table] (eviction_search.cc): what a victim search reads of an evictable
+// storage, mirrored from its record into the pool so that scoring a candidate reads 48
+// contiguous bytes instead of its record.
+struct PoolEntry {
+  enum Flag : uint8_t {
+    kLocked = 1,           // locks > 0: skipped
+    kAwaitsReader = 2,     // Note [Results awaiting their reader]: skipped, a last resort
+    kNeighborEvicted = 4,  // Note [Evicted-neighbor hint]: its neighborhood cost needs a walk
+    kRemats = 8,           // recent_remats > 0: Note [Thrashing]'s factor needs the record
+    kRebuilt = 16,         // rebuild_epoch > 0: Note [Rebuilt segments]' factor may apply
+  };
+  StorageId id;
+  double cost = 0;
+  double last_access = 0;
+  uint64_t size : 56;
+  uint64_t flags : 8;
+  // Note [Neighborhood cost cache] (neighborhoods.cc), valid while kNeighborEvicted is set.
+  uint64_t neighborhood_walked_at = StorageRecord::kNotCached;
+  double neighborhood_cost = 0;
+};
+static_assert(sizeof(PoolEntry) == 48, "what a search reads, within two cache lines");
+
 struct OpRecord {
   absl::string_view name;  // interned by the runtime (Runtime::InternName): lives as long as it
   absl::InlinedVector<StorageId, 4> inputs;   // distinct storages read

@@ -144,6 +144,7 @@ absl::Status Runtime::Materialize(StorageId target) {
         // A half-replayed recipe leaves no usable contents: drop them again.
         StorageRecord& r = rec(f.id);
         --r.locks;
+        RefreshPoolEntry(r);
         r.rebuilding = false;
         if (r.resident()) EvictUnchecked(f.id, /*eager=*/false);
       }
@@ -232,7 +233,11 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     --evicted_count_;
     r.state = StorageState::kResident;
     ++residency_changes_;  // Note [Neighborhood cost cache]: and the neighbors' costs just fell
-    ForEachNeighbor(o, [&](StorageId n) { rec(n).neighborhood_walked_at = StorageRecord::kNotCached; });
+    ForEachNeighbor(o, [&](StorageId n) {
+      StorageRecord& nr = rec(n);
+      nr.neighborhood_walked_at = StorageRecord::kNotCached;
+      RefreshPoolEntry(nr);
+    });
     memory_ += r.size;
     if (o != id) {
       if (absl::Status s = FinishRemat(o); !s.ok()) return s;
@@ -276,6 +281,7 @@ void Runtime::NoteRemat(StorageId id) {
   r.recent_remats = r.recent_remats * std::exp2(-age) + 1;
   r.last_remat_op = op_counter_;
   ++r.remat_count;
+  RefreshPoolEntry(r);  // Note [Candidate table]: recent_remats
   ++stats_.rematerializations;
   if (r.recent_remats >= config_.thrash_report_threshold &&
       r.recent_remats - 1 < config_.thrash_report_threshold)

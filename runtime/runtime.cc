@@ -227,6 +227,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     for (StorageId in : inputs) {
       StorageRecord& in_rec = rec(in);
       in_rec.readers.push_back(op_id);
+      RefreshPoolEntry(in_rec);  // no longer a result awaiting its reader
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     for (StorageId out : outputs) {
@@ -272,6 +273,7 @@ absl::Status Runtime::AddRef(StorageId id) {
   auto r = Lookup(id, "add reference");
   if (!r.ok()) return r.status();
   ++(*r)->external_refs;
+  RefreshPoolEntry(**r);
   return absl::OkStatus();
 }
 
@@ -280,7 +282,10 @@ absl::Status Runtime::DropRef(StorageId id) {
   if (!r.ok()) return r.status();
   if ((*r)->external_refs == 0)
     return absl::FailedPreconditionError(absl::StrCat("drop reference: ", IdString(id), " has none"));
-  if (--(*r)->external_refs == 0) OnUnreferenced(id);
+  if (--(*r)->external_refs == 0) {
+    RefreshPoolEntry(**r);
+    OnUnreferenced(id);
+  }
   DrainCollection();
   return absl::OkStatus();
 }
@@ -332,6 +337,7 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
     if (r == nullptr || std::find(r->recipe.begin(), r->recipe.end(), id) == r->recipe.end()) continue;
     const double before = r->cost;
     r->cost = std::max(0.0, r->cost + delta);
+    RefreshPoolEntry(*r);
     if (r->state == StorageState::kEvicted && r->component != EvictedComponents::kNone)
       components_.AddCost(r->component, r->cost - before);
   }
@@ -340,10 +346,14 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
   return absl::OkStatus();
 }
 
-void Runtime::Lock(StorageId id) { ++rec(id).locks; }
+void Runtime::Lock(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (r.locks++ == 0 && r.pool_index != UINT32_MAX) pool_[r.pool_index].flags |= PoolEntry::kLocked;
+}
 
 void Runtime::Unlock(StorageId id) {
   StorageRecord& r = rec(id);
+  if (r.locks == 1 && r.pool_index != UINT32_MAX) pool_[r.pool_index].flags &= ~PoolEntry::kLocked;
   // Only a release that was deferred while locked applies now: a storage brought back for a
   // dependent stays resident like any other (evicting it on unlock made replays cascade).
   if (--r.locks == 0 && r.external_refs == 0 && r.pins == 0 && (r.release_pending || r.banish_pending)) {
@@ -390,8 +400,18 @@ absl::Status Runtime::CheckInvariants() const {
     if (eligible_now) {
       ++eligible;
       pool_sum += r.size;
-      if (r.pool_index >= pool_.size() || pool_[r.pool_index] != id)
+      if (r.pool_index >= pool_.size() || pool_[r.pool_index].id != id) {
         status = fail(IdString(id), " evictable but not in the pool at its index");
+      } else {  // Note [Candidate table]: the entry mirrors the record
+        const PoolEntry& have = pool_[r.pool_index];
+        PoolEntry want;
+        FillPoolEntry(r, &want);
+        if (have.cost != want.cost || have.last_access != want.last_access || have.size != want.size ||
+            have.flags != want.flags)
+          status = fail(IdString(id), " pool entry is stale: cost ", have.cost, "/", want.cost, " last access ",
+                        have.last_access, "/", want.last_access, " size ", uint64_t(have.size), "/",
+                        uint64_t(want.size), " flags ", int(have.flags), "/", int(want.flags));
+      }
     } else if (r.pool_index != UINT32_MAX) {
       status = fail(IdString(id), " in the pool but not evictable");
     }

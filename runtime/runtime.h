@@ -178,7 +178,11 @@ class Runtime {
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   void Lock(StorageId id);
   void Unlock(StorageId id);
-  void Touch(StorageId id) { rec(id).last_access = now_; }
+  void Touch(StorageId id) {
+    StorageRecord& r = rec(id);
+    r.last_access = now_;
+    if (r.pool_index != UINT32_MAX) pool_[r.pool_index].last_access = now_;  // Note [Candidate table]
+  }
   void AdvanceClock(double cost);
   void UpdatePeak(uint64_t transient);
   // Note [Scratch memory]: the largest op and the floor, counting the op's workspace; and the
@@ -214,7 +218,13 @@ class Runtime {
 
   // Evictable pool (Note [Evictable pool]); eviction_search.cc.
   bool Eligible(const StorageRecord& r) const;
+  // Enters or leaves the pool as the record's eligibility says, and refreshes its pool entry
+  // (Note [Candidate table]): called after anything a PoolEntry mirrors changes.
   void SyncPool(StorageId id);
+  void RefreshPoolEntry(const StorageRecord& r) {
+    if (r.pool_index != UINT32_MAX) FillPoolEntry(r, &pool_[r.pool_index]);
+  }
+  static void FillPoolEntry(const StorageRecord& r, PoolEntry* e);
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
   // neighborhoods.cc.
@@ -235,19 +245,26 @@ class Runtime {
     // safe, since Final decides; -infinity for heuristics without a neighborhood term.
     double CostLimit(double above) const;
   };
-  PartialScore StartScore(StorageId id);
+  // From the candidate's pool entry; reads its record only for a damping factor (Note
+  // [Candidate table]).
+  PartialScore StartScore(const PoolEntry& e);
   // The neighborhood cost of `id` per neighborhood_. Given `bound`, a walk stops as soon as
   // bound->Final(cost so far) exceeds `above`, returning the partial cost with *stopped set
   // (Note [Bounded victim search]).
   double NeighborhoodCost(StorageId id, const PartialScore* bound = nullptr, double above = 0,
                           bool* stopped = nullptr);
-  double ScoreUnchecked(StorageId id);
+  // NeighborhoodCost from a candidate's pool entry where it can (Note [Candidate table]).
+  double EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound = nullptr, double above = 0,
+                               bool* stopped = nullptr);
+  bool Reusable(uint64_t walked_at) const;  // Note [Neighborhood cost cache]
+  double ScoreUnchecked(const PoolEntry& e);
   // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
   // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]).
   void ScoreCandidates(size_t keep, double small);
   // Fills candidates_ for one search: the whole pool, or in sampled mode (when the sample is
   // smaller than the pool) the carried runners-up and a fresh sample; returns whether sampled.
   bool DrawCandidates();
+  void DrawWholePool();  // candidates_ = the whole pool
   size_t SampleSize(size_t pool_size) const;  // how many a sampled search draws
   bool ChooseVictim(StorageId* victim, double* score = nullptr);  // score: the victim's
   void EvictUnchecked(StorageId id, bool eager);
@@ -287,7 +304,7 @@ class Runtime {
   SlotMap<OpId, OpRecord> ops_;
   absl::node_hash_set<std::string> op_names_;  // OpRecord::name points into it
   EvictedComponents components_;
-  std::vector<StorageId> pool_;
+  std::vector<PoolEntry> pool_;  // Note [Evictable pool], Note [Candidate table]
   uint64_t memory_ = 0;
   uint64_t pool_bytes_ = 0;
   uint64_t evicted_count_ = 0;
@@ -304,9 +321,22 @@ class Runtime {
   uint64_t reported_scratch_ = 0;  // ReportScratch during the op being executed
   uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
   static constexpr size_t kCarriedCandidates = 16;
-  std::vector<StorageId> carried_;                     // Note [Victim search]
-  std::vector<std::pair<double, StorageId>> scored_;   // scratch for one search
-  std::vector<StorageId> candidates_;                  // scratch for one search
+  // A candidate of one search: a copy of its pool entry, and where it was (a hint: the pool
+  // moves entries when others leave it).
+  struct Drawn {
+    PoolEntry entry;
+    uint32_t pool_index;
+  };
+  // A search's scored candidate; ordered by (score, id) as in Note [Bounded victim search].
+  struct Scored {
+    double score;
+    StorageId id;
+    uint32_t pool_index;
+    bool operator<(const Scored& o) const { return score != o.score ? score < o.score : id < o.id; }
+  };
+  std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
+  std::vector<Scored> scored_;                         // scratch for one search
+  std::vector<Drawn> candidates_;                      // scratch for one search
   std::vector<double> candidate_scores_;               // scratch for one search
   std::vector<PartialScore> partial_scores_;           // scratch for one search
   std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search
