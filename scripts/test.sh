@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine (scripts/setup.sh: the venv with torch and dtr installed) and
 # runs every test dtr has:
-#   1. the C++ build (Ninja; runtime, allocator, simulator) and all its ctest suites;
+#   1. the C++ build (Ninja; runtime, allocator, simulator, benchmarks);
 #   1b. on the CUDA wheel: the hooks with the CUDA adapter and its C++ tests (fake backends);
-#   2. the runtime and allocator unit tests under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   2. every ctest suite (runtime, allocator, simulator) under AddressSanitizer +
+#      UndefinedBehaviorSanitizer (with --quick: without sanitizers, in the build of step 1);
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
 #   4. pytest through the installed package: tests/hooks (the torch integration), tests/python
 #      (activation paths, the C++ example via find_package(dtr), the main job) and tests/bench
@@ -33,6 +34,11 @@ echo "== C++ build (RelWithDebInfo)"
 cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_BUILD_HOOKS=OFF >/dev/null
 if [ "$python_only" -eq 1 ]; then
   ninja -C build -j"$jobs" dtr-sim dtr-chain
+elif [ "$quick" -eq 0 ]; then
+  # The C++ suites run under ASan + UBSan below, every one of them (all are labelled `unit`):
+  # compiling them a second time here would only cost CI minutes. The simulator tools (the
+  # Python tests use them) and the benchmarks (so they keep compiling) are built here.
+  ninja -C build -j"$jobs" dtr-sim dtr-chain runtime_bench allocator_bench
 else
   ninja -C build -j"$jobs"
   echo "== C++ tests"
@@ -50,14 +56,18 @@ if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if t
 fi
 
 if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
-  echo "== ASan + UBSan: runtime and allocator unit tests"
+  echo "== C++ tests under ASan + UBSan"
   cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_SANITIZE=address,undefined >/dev/null
   ninja -C build-asan -j"$jobs"
-  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
+  # Every suite, whatever its label, so that none is left out of CI.
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
   echo "== TSan: multi-threaded tests"
   cmake -G Ninja -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_SANITIZE=thread >/dev/null
-  ninja -C build-tsan -j"$jobs"
+  # Only what the `threads` label runs.
+  threaded=$(ctest --test-dir build-tsan -L threads -N | sed -n 's/^ *Test *#[0-9]*: *//p')
+  [ -n "$threaded" ] || { echo "test.sh: no test is labelled threads" >&2; exit 1; }
+  ninja -C build-tsan -j"$jobs" $threaded
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L threads --output-on-failure
 fi
 
