@@ -28,12 +28,14 @@ namespace dtr {
 // makes it skipped or in need of its record (locked, awaiting its reader, an evicted neighbor,
 // a thrash or rebuild factor that may apply). A sampled search reads 48 contiguous bytes per
 // candidate, loaded together before any is scored (DrawCandidates), and reads a record only to
-// walk a neighborhood, for a damping factor, or for the handles of what a ranking returns.
+// walk a neighborhood, for a damping factor, for the handles of what a ranking returns (and the
+// victim's), or to find a carried runner-up that moved in the pool.
 // Before, every candidate's record was read, twice (scoring, then ranking), each a cache miss
 // once the records (about 200 bytes each) outgrow the cache. Whatever changes a mirrored field
-// of a pool member refreshes its entry (SyncPool, RefreshPoolEntry, Touch, Lock and Unlock);
-// CheckInvariants compares every entry with its record, and the fuzzers fail if one refresh
-// is left out. Decisions are the same as reading the records: dtr-sim's output is identical on
+// of a pool member refreshes its entry (SyncPool, RefreshPoolEntry, Touch, Lock and Unlock)
+// before anything can search; CheckInvariants compares every entry with its record between
+// operations (locks are 0 there, so kLocked is only checked clear), and the fuzzers fail if one
+// refresh is left out. Decisions are the same as reading the records: dtr-sim's output is identical on
 // 168 runs (generated chain, U-Net, TreeLSTM and random DAG; seven heuristics; 0.7, 0.5 and 0.3
 // of the peak; sampled and exact search). runtime_bench (bench/results/runtime.md): ranking 32
 // candidates at 1e5 and 1e6 storages in 10.9 and 17.3 us, against 14.5 and 23.2 us; a dtr-eq

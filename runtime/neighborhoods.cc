@@ -64,6 +64,7 @@ double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bo
 // for when it comes back) and cleared when a walk finds no evicted neighbor. It is sticky, never
 // wrong when false: a storage only gains a neighbor by an op that reads or writes both, and that
 // op makes both resident first. So a false flag means a neighborhood cost of 0 without a walk.
+// A pool member's entry mirrors it as PoolEntry::kNeighborEvicted (Note [Candidate table]).
 // CheckInvariants verifies it.
 double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double above, bool* stopped) {
   if (stopped != nullptr) *stopped = false;

@@ -47,10 +47,11 @@ inline const char* ConstantReasonName(ConstantReason reason) {
   return "unknown";
 }
 
-// Field order matters: what a victim search reads of a candidate (Runtime::ChooseVictim) comes
-// first, within the two cache lines SlotMap::Prefetch loads.
+// Field order matters: what a victim search reads of a candidate that it walks or damps (Note
+// [Candidate table]: the others cost only their pool entry) comes first, within the two cache
+// lines SlotMap::Prefetch loads.
 struct StorageRecord {
-  // ---- read for every candidate of a victim search ----
+  // ---- read for a candidate whose record the search needs ----
   uint64_t size = 0;
   double cost = 0;           // sum of the recipe ops' costs (c0 in the paper)
   double last_access = 0;    // runtime clock at the last op that read or wrote it

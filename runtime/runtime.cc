@@ -403,14 +403,19 @@ absl::Status Runtime::CheckInvariants() const {
       if (r.pool_index >= pool_.size() || pool_[r.pool_index].id != id) {
         status = fail(IdString(id), " evictable but not in the pool at its index");
       } else {  // Note [Candidate table]: the entry mirrors the record
+        // (Locks are 0 between operations, so kLocked is checked clear; the size against the
+        // record's, so a size the entry cannot hold is caught too.)
         const PoolEntry& have = pool_[r.pool_index];
         PoolEntry want;
         FillPoolEntry(r, &want);
-        if (have.cost != want.cost || have.last_access != want.last_access || have.size != want.size ||
-            have.flags != want.flags)
+        if (have.cost != want.cost || have.last_access != want.last_access || have.size != r.size ||
+            have.flags != want.flags || have.neighborhood_walked_at != want.neighborhood_walked_at ||
+            have.neighborhood_cost != want.neighborhood_cost)
           status = fail(IdString(id), " pool entry is stale: cost ", have.cost, "/", want.cost, " last access ",
-                        have.last_access, "/", want.last_access, " size ", uint64_t(have.size), "/",
-                        uint64_t(want.size), " flags ", int(have.flags), "/", int(want.flags));
+                        have.last_access, "/", want.last_access, " size ", uint64_t(have.size), "/", r.size,
+                        " flags ", int(have.flags), "/", int(want.flags), " neighborhood walked at ",
+                        have.neighborhood_walked_at, "/", want.neighborhood_walked_at, " cost ",
+                        have.neighborhood_cost, "/", want.neighborhood_cost);
       }
     } else if (r.pool_index != UINT32_MAX) {
       status = fail(IdString(id), " in the pool but not evictable");
