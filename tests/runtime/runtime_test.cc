@@ -587,8 +587,8 @@ TEST_F(RuntimeTest, DeadGradientsReadByAnAccumulatorAreReleasedEachStep) {
     ASSERT_TRUE(rt_->DropRef(x).ok());
     Check();
     if (step == 1) memory_after_first_step = rt_->memory();
-    if (step > 1) EXPECT_EQ(rt_->memory(), memory_after_first_step) << "step " << step;
-    if (step >= 1) EXPECT_EQ(rt_->storage(grad), nullptr) << "step " << step;
+    if (step > 1) { EXPECT_EQ(rt_->memory(), memory_after_first_step) << "step " << step; }
+    if (step >= 1) { EXPECT_EQ(rt_->storage(grad), nullptr) << "step " << step; }
   }
   EXPECT_TRUE(Resident(buf));
 }
@@ -607,14 +607,14 @@ TEST_F(RuntimeTest, ReplayChainsCarriedAcrossStepsAreCutAtMaxDepth) {
     ASSERT_TRUE(rt_->DropRef(acc).ok());
     acc = next;
     Check();
-    if (rt_->storage(acc)->rematerializable()) EXPECT_LE(rt_->storage(acc)->replay_depth, 10u);
+    if (rt_->storage(acc)->rematerializable()) { EXPECT_LE(rt_->storage(acc)->replay_depth, 10u); }
     if (step == 20) records_at_step_20 = rt_->storage_count();
-    if (step > 20) EXPECT_LE(rt_->storage_count(), records_at_step_20 + 20) << "step " << step;
+    if (step > 20) { EXPECT_LE(rt_->storage_count(), records_at_step_20 + 20) << "step " << step; }
   }
   EXPECT_GE(rt_->stats().depth_limited, 60u * 2 / 10 - 1);
   // Bringing acc back replays at most one chain segment: up to 10 levels of mul and add, and
   // the randn beside each add.
-  if (rt_->storage(acc)->rematerializable()) ASSERT_TRUE(rt_->Evict(acc).ok());
+  if (rt_->storage(acc)->rematerializable()) { ASSERT_TRUE(rt_->Evict(acc).ok()); }
   backend_.replays.clear();
   ASSERT_TRUE(rt_->Access(acc).ok());
   EXPECT_LE(backend_.replays.size(), 15u);
@@ -1069,7 +1069,9 @@ TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEvict
     ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
     EXPECT_FALSE(Resident(next->id));
     for (StorageId s : all)
-      if (s != next->id && std::find(evicted.begin(), evicted.end(), s) == evicted.end()) EXPECT_TRUE(Resident(s));
+      if (s != next->id && std::find(evicted.begin(), evicted.end(), s) == evicted.end()) {
+        EXPECT_TRUE(Resident(s));
+      }
     evicted.push_back(next->id);
     Check();
   }
