@@ -32,7 +32,7 @@ namespace dtr {
 // victim's), or to find a carried runner-up that moved in the pool.
 // Before, every candidate's record was read, twice (scoring, then ranking), each a cache miss
 // once the records (about 200 bytes each) outgrow the cache. Whatever changes a mirrored field
-// of a pool member refreshes its entry (SyncPool, RefreshPoolEntry, Touch, Lock and Unlock)
+// of a pool member refreshes its entry (SyncPool or RefreshPoolEntry; Touch writes the last access)
 // before anything can search; CheckInvariants compares every entry with its record between
 // operations (locks are 0 there, so kLocked is only checked clear), and the fuzzers fail if one
 // refresh is left out. Decisions are the same as reading the records: dtr-sim's output is identical on
@@ -212,8 +212,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   candidate_scores_.assign(count, kUnscored);
   // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves, and
   // so would ordering candidates whose neighborhood costs take no walk.
-  const bool walks = neighborhood_ == NeighborhoodKind::kExact || neighborhood_ == NeighborhoodKind::kAncestors;
-  if (!walks || !config_.cut_losing_walks || keep > kMaxKeptForCutting) {
+  if (!NeighborhoodWalks() || !config_.cut_losing_walks || keep > kMaxKeptForCutting) {
     for (size_t i = 0; i < count; ++i)
       if (!Skipped(candidates_[i].entry)) candidate_scores_[i] = ScoreUnchecked(candidates_[i].entry);
     return;
@@ -303,10 +302,9 @@ bool Runtime::DrawCandidates() {
     __builtin_prefetch(entry + sizeof(PoolEntry) - 1);
   }
   // Then start loading the records that scoring will read: those with a neighborhood to walk.
-  const bool walks = neighborhood_ == NeighborhoodKind::kExact || neighborhood_ == NeighborhoodKind::kAncestors;
   for (size_t i = carried; i < candidates_.size(); ++i) {
     const PoolEntry& e = candidates_[i].entry = pool_[candidates_[i].pool_index];
-    if ((e.flags & PoolEntry::kNeighborEvicted) && !(walks && Reusable(e.neighborhood_walked_at)))
+    if ((e.flags & PoolEntry::kNeighborEvicted) && !(NeighborhoodWalks() && Reusable(e.neighborhood_walked_at)))
       storages_.Prefetch(e.id);
   }
   return true;

@@ -49,7 +49,7 @@ bool Runtime::Reusable(uint64_t walked_at) const {
 double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound, double above, bool* stopped) {
   if (stopped != nullptr) *stopped = false;
   if (neighborhood_ == NeighborhoodKind::kNone || !(e.flags & PoolEntry::kNeighborEvicted)) return 0;
-  if (neighborhood_ != NeighborhoodKind::kUnionFind && Reusable(e.neighborhood_walked_at)) {
+  if (NeighborhoodWalks() && Reusable(e.neighborhood_walked_at)) {
     ++stats_.neighborhood_cache_hits;
     return e.neighborhood_cost;
   }

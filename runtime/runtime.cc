@@ -348,15 +348,15 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
 
 void Runtime::Lock(StorageId id) {
   StorageRecord& r = rec(id);
-  if (r.locks++ == 0 && r.pool_index != UINT32_MAX) pool_[r.pool_index].flags |= PoolEntry::kLocked;
+  if (r.locks++ == 0) RefreshPoolEntry(r);  // Note [Candidate table]: kLocked
 }
 
 void Runtime::Unlock(StorageId id) {
   StorageRecord& r = rec(id);
-  if (r.locks == 1 && r.pool_index != UINT32_MAX) pool_[r.pool_index].flags &= ~PoolEntry::kLocked;
+  if (--r.locks == 0) RefreshPoolEntry(r);
   // Only a release that was deferred while locked applies now: a storage brought back for a
   // dependent stays resident like any other (evicting it on unlock made replays cascade).
-  if (--r.locks == 0 && r.external_refs == 0 && r.pins == 0 && (r.release_pending || r.banish_pending)) {
+  if (r.locks == 0 && r.external_refs == 0 && r.pins == 0 && (r.release_pending || r.banish_pending)) {
     r.release_pending = false;
     OnUnreferenced(id);
   }

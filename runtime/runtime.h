@@ -257,6 +257,11 @@ class Runtime {
   double EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound = nullptr, double above = 0,
                                bool* stopped = nullptr);
   bool Reusable(uint64_t walked_at) const;  // Note [Neighborhood cost cache]
+  // dtr's exact e* and msps's evicted ancestors: neighborhood costs that are graph walks (Note
+  // [Bounded neighborhood walks]), which only they cut and cache.
+  bool NeighborhoodWalks() const {
+    return neighborhood_ == NeighborhoodKind::kExact || neighborhood_ == NeighborhoodKind::kAncestors;
+  }
   double ScoreUnchecked(const PoolEntry& e);
   // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
   // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]).
