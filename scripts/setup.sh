@@ -5,7 +5,7 @@
 #   2. a virtual environment (scripts/env.sh: .venv with torch 2.14.1 by default,
 #      TORCH_VERSION=2.13.0 for the CPU wheel in .venv-2.13.0) with torch pinned (any other
 #      request would download gigabytes), torchvision 0.29.1 beside 2.14.1 (the only torch it
-#      imports with), pytest, numpy, matplotlib, scikit-build-core and ninja;
+#      imports with), pytest with pytest-xdist, numpy, matplotlib, scikit-build-core and ninja;
 #   3. dtr itself: `pip install --no-build-isolation .`, built against that torch (build tree
 #      kept in build/py-torch<version> so a rebuild is incremental).
 # Run as root or with sudo available.
@@ -35,10 +35,10 @@ if [ ! -x "$VENV_PY" ]; then
 fi
 # pip, with the machine's "Location ... is ignored" noise dropped (its exit status is kept).
 pip_q() { "$VENV_PY" -m pip -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2); }
-want=(torch=="$TORCH_VERSION" numpy pytest matplotlib "scikit-build-core>=0.10" ninja)
+want=(torch=="$TORCH_VERSION" numpy pytest pytest-xdist matplotlib "scikit-build-core>=0.10" ninja)
 [ "$TORCH_VERSION" = 2.14.1 ] && want+=(torchvision==0.29.1)
 have=$("$VENV_PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have" != "$TORCH_VERSION" ] || ! "$VENV_PY" -c 'import pytest, numpy, matplotlib, scikit_build_core' 2>/dev/null; then
+if [ "$have" != "$TORCH_VERSION" ] || ! "$VENV_PY" -c 'import pytest, xdist, numpy, matplotlib, scikit_build_core' 2>/dev/null; then
   echo "setup: installing ${want[*]} into $VENV_DIR"
   pip_q install "${want[@]}"
   "$VENV_PY" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"

@@ -2,7 +2,7 @@
 # Sets up a fresh Debian 12 machine (scripts/setup.sh: the venv with torch and dtr installed) and
 # runs every test dtr has:
 #   1. the C++ build (Ninja; runtime, allocator, simulator, benchmarks);
-#   1b. on the CUDA wheel: the hooks with the CUDA adapter and its C++ tests (fake backends);
+#   1b. on the CUDA wheel: the C++ tests of the hooks and the CUDA adapter (fake backends);
 #   2. every ctest suite (runtime, allocator, simulator) under AddressSanitizer +
 #      UndefinedBehaviorSanitizer (with --quick: without sanitizers, in the build of step 1);
 #   3. the multi-threaded allocator tests under ThreadSanitizer;
@@ -48,22 +48,29 @@ fi
 if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then
   # The hooks against the CUDA wheel, with the CUDA adapter, and their C++ tests (fake backends,
   # no GPU needed).
-  echo "== hooks + CUDA adapter against torch $TORCH_VERSION: build and C++ tests"
-  cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
-    -DDTR_BUILD_BENCH=OFF >/dev/null
-  ninja -C build-hooks -j"$jobs" dtr_torch cuda_allocator_test env_config_test replay_state_test
-  ctest --test-dir build-hooks -L hooks --output-on-failure
+  # Built in setup.sh's pip build tree, where the hooks are already compiled: the tests are
+  # switched on there and only they are built (with the ninja that tree was made with, the
+  # venv's: another version's build log would make ninja compile everything again).
+  echo "== hooks + CUDA adapter against torch $TORCH_VERSION: C++ tests"
+  pip_tree=build/py-torch$TORCH_VERSION
+  cmake -S . -B "$pip_tree" -DDTR_BUILD_TESTS=ON >/dev/null
+  cmake --build "$pip_tree" -j"$jobs" --target cuda_allocator_test env_config_test replay_state_test
+  ctest --test-dir "$pip_tree" -L hooks --output-on-failure
 fi
 
 if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
   echo "== C++ tests under ASan + UBSan"
-  cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_SANITIZE=address,undefined >/dev/null
+  # -O1, as the sanitizers' documentation advises: the build takes 4.4 min instead of 5.9 at -O2
+  # on CI's two cores, and the suites run as fast.
+  cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+    -DDTR_SANITIZE=address,undefined >/dev/null
   ninja -C build-asan -j"$jobs"
   # Every suite, whatever its label, so that none is left out of CI.
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
   echo "== TSan: multi-threaded tests"
-  cmake -G Ninja -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_SANITIZE=thread >/dev/null
+  cmake -G Ninja -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+    -DDTR_SANITIZE=thread >/dev/null
   # Only what the `threads` label runs.
   threaded=$(ctest --test-dir build-tsan -L threads -N | sed -n 's/^ *Test *#[0-9]*: *//p')
   [ -n "$threaded" ] || { echo "test.sh: no test is labelled threads" >&2; exit 1; }
@@ -81,5 +88,8 @@ suites=(tests/hooks tests/python)
 # The property test's 2,000 random programs run on the first wheel; 500 on the second keep its
 # version-sensitive paths covered within CI's time.
 [ "$python_only" -eq 1 ] && export PROPERTY_PROGRAMS="${PROPERTY_PROGRAMS:-500}"
-BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider --durations=12 "${suites[@]}"
+# One pytest-xdist worker a core. Tests that share a module-scoped fixture carry an xdist_group
+# mark, and --dist loadgroup keeps each group on one worker, so the fixture runs once.
+BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider -n "$jobs" --dist loadgroup --durations=12 \
+  "${suites[@]}"
 echo "== all tests passed (torch $TORCH_VERSION)"

@@ -19,6 +19,11 @@ def build_dir():
     return os.environ.get("BUILD_DIR", os.path.join(REPO, "build"))
 
 
+# pytest-xdist (scripts/test.sh) runs the tests that read the sweep's report on one worker, so
+# the sweep (about 100 s) runs once, not once a worker.
+SWEEP_REPORT = pytest.mark.xdist_group("sweep_report")
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     build = build_dir()
@@ -33,6 +38,7 @@ def report(tmp_path_factory):
     return out, data, os.path.exists(os.path.join(build, "bin", "dtr-chain"))
 
 
+@SWEEP_REPORT
 def test_report_and_plots_written(report):
     out, data, _ = report
     md = (out / "cpu.md").read_text()
@@ -45,6 +51,7 @@ def test_report_and_plots_written(report):
         assert f"## {m['name']}" in md
 
 
+@SWEEP_REPORT
 def test_dtr_runs_bit_identical_within_budget(report):
     _, data, _ = report
     for m in data["models"]:
@@ -59,6 +66,7 @@ def test_dtr_runs_bit_identical_within_budget(report):
         assert m["plain_step_seconds"] > 0
 
 
+@SWEEP_REPORT
 def test_lowest_budget_evicts_and_rematerializes(report):
     _, data, _ = report
     for m in data["models"]:
@@ -71,6 +79,7 @@ def test_lowest_budget_evicts_and_rematerializes(report):
             assert s["rematerializations"] > 0, (m["name"], h, s)
 
 
+@SWEEP_REPORT
 def test_simulator_rows(report):
     _, data, has_chain = report
     for m in data["models"]:

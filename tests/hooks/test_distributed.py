@@ -121,6 +121,8 @@ def test_training_is_bit_identical_under_a_budget_on_every_rank(tmp_path, mode):
         f"evictions {k['dtr']['evictions']}, remats {k['dtr']['rematerializations']}" for k in got.ranks))
 
 
+# On one pytest-xdist worker (scripts/test.sh), so ddp_reference's two jobs run once.
+@pytest.mark.xdist_group("ddp_reference")
 @pytest.mark.parametrize("launcher", ["env", "python -m dtr", "dtr-run"])
 def test_every_launcher_puts_every_rank_under_its_budget(tmp_path, ddp_reference, launcher):
     plain, budget = ddp_reference

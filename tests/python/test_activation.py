@@ -28,6 +28,11 @@ def result(r):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# The tests reading the reference run on one pytest-xdist worker (scripts/test.sh), so its two
+# training runs happen once.
+USES_REFERENCE = pytest.mark.xdist_group("activation_reference")
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The plain run's digests, and a budget at 85% of dtr's peak without a budget."""
@@ -46,6 +51,7 @@ def assert_same_training_with_evictions(res, plain, budget):
     assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
 
 
+@USES_REFERENCE
 def test_python_m_dtr_script(reference, tmp_path):
     plain, budget = reference
     stats = tmp_path / "stats.json"
@@ -58,6 +64,7 @@ def test_python_m_dtr_script(reference, tmp_path):
     assert written["evictions"] >= res["dtr"]["evictions"] > 0
 
 
+@USES_REFERENCE
 def test_python_m_dtr_module(reference):
     plain, budget = reference
     r = subprocess.run([PY, "-m", "dtr", f"--budget={budget}", "-m", "train", MODEL], cwd=HERE,
@@ -65,6 +72,7 @@ def test_python_m_dtr_module(reference):
     assert_same_training_with_evictions(result(r), plain, budget)
 
 
+@USES_REFERENCE
 def test_dtr_run_console_script(reference):
     plain, budget = reference
     dtr_run = os.path.join(BIN, "dtr-run")
@@ -74,11 +82,13 @@ def test_dtr_run_console_script(reference):
     assert_same_training_with_evictions(res, plain, budget)
 
 
+@USES_REFERENCE
 def test_environment_variable_alone(reference):
     plain, budget = reference
     assert_same_training_with_evictions(result(sh([PY, TRAIN, MODEL], DTR_BUDGET=budget)), plain, budget)
 
 
+@USES_REFERENCE
 def test_ld_preload_of_print_lib(reference):
     plain, budget = reference
     lib = sh([PY, "-m", "dtr", "--print-lib"]).stdout.strip()

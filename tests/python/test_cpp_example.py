@@ -13,6 +13,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks"))
 from conftest import PY, REPO, clean_env, dtr_lib  # noqa: E402
 
+# One pytest-xdist worker (scripts/test.sh) builds the example once for every test here.
+pytestmark = pytest.mark.xdist_group("cpp_example")
+
 
 
 @pytest.fixture(scope="module")
