@@ -37,11 +37,12 @@ fi
 pip_q() { "$VENV_PY" -m pip -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2); }
 # pytest below 9: pytest-xdist 3.8's --dist loadgroup (scripts/test.sh) renames a grouped test
 # through item._nodeid, which pytest 9 no longer reads, so every group was silently split.
-want=(torch=="$TORCH_VERSION" numpy "pytest<9" pytest-xdist matplotlib "scikit-build-core>=0.10" ninja)
+pytest_below=9
+want=(torch=="$TORCH_VERSION" numpy "pytest<$pytest_below" pytest-xdist matplotlib "scikit-build-core>=0.10" ninja)
 [ "$TORCH_VERSION" = 2.14.1 ] && want+=(torchvision==0.29.1)
 have=$("$VENV_PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 if [ "$have" != "$TORCH_VERSION" ] || ! "$VENV_PY" -c 'import sys, pytest, xdist, numpy, matplotlib, scikit_build_core
-sys.exit(int(pytest.__version__.split(".")[0]) >= 9)' 2>/dev/null; then
+sys.exit(int(pytest.__version__.split(".")[0]) >= '"$pytest_below"')' 2>/dev/null; then
   echo "setup: installing ${want[*]} into $VENV_DIR"
   pip_q install "${want[@]}"
   "$VENV_PY" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"

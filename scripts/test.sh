@@ -60,18 +60,17 @@ fi
 
 if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
   echo "== C++ tests under ASan + UBSan"
-  # -O1, as the sanitizers' documentation advises, and -g1 (line tables: reports keep their file
-  # and line): the build takes 3.4 min on CI's two cores, against 4.4 with -g and 5.9 at -O2 -g,
-  # and the suites run as fast.
-  cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-    -DDTR_SANITIZE=address,undefined >/dev/null
+  # Both sanitized builds at -O1, as the sanitizers' documentation advises, with -g1 (line tables:
+  # reports keep their file and line): ASan's build takes 3.4 min on CI's two cores, against 4.4
+  # with -g and 5.9 at -O2 -g, and the suites run as fast.
+  sanitized=(-G Ninja -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
+  cmake "${sanitized[@]}" -B build-asan -DDTR_SANITIZE=address,undefined >/dev/null
   ninja -C build-asan -j"$jobs"
   # Every suite, whatever its label, so that none is left out of CI.
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
   echo "== TSan: multi-threaded tests"
-  cmake -G Ninja -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-    -DDTR_SANITIZE=thread >/dev/null
+  cmake "${sanitized[@]}" -B build-tsan -DDTR_SANITIZE=thread >/dev/null
   # Only what the `threads` label runs.
   threaded=$(ctest --test-dir build-tsan -L threads -N | sed -n 's/^ *Test *#[0-9]*: *//p')
   [ -n "$threaded" ] || { echo "test.sh: no test is labelled threads" >&2; exit 1; }
