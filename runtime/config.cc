@@ -22,10 +22,20 @@ absl::StatusOr<SearchMode> ParseSearchMode(absl::string_view name) {
       absl::StrCat("unknown search mode '", name, "'; expected 'sampled' or 'exact'"));
 }
 
+absl::StatusOr<InputLocking> ParseInputLocking(absl::string_view name) {
+  if (name == "eager") return InputLocking::kEager;
+  if (name == "lazy") return InputLocking::kLazy;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown input locking '", name, "'; expected 'eager' or 'lazy'"));
+}
+
 std::string DeallocPolicyName(DeallocPolicy policy) {
   return policy == DeallocPolicy::kBanish ? "banish" : "eager";
 }
 std::string SearchModeName(SearchMode mode) { return mode == SearchMode::kExact ? "exact" : "sampled"; }
+std::string InputLockingName(InputLocking locking) {
+  return locking == InputLocking::kEager ? "eager" : "lazy";
+}
 
 absl::Status RuntimeConfig::Validate() const {
   if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
@@ -54,13 +64,13 @@ std::string RuntimeConfig::ToString() const {
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache_events=%d "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d replays_refresh_staleness=%d "
-      "rebuild_protection=%g max_replay_depth=%d "
+      "rebuild_protection=%g input_locking=%s max_replay_depth=%d "
       "max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
       min_samples, max_samples, neighborhood_walk_limit, cut_losing_walks, neighborhood_cache_events,
       small_storage_fraction, thrash_damping, thrash_half_life_ops,
-      replays_refresh_staleness, rebuild_protection, max_replay_depth,
+      replays_refresh_staleness, rebuild_protection, InputLockingName(input_locking), max_replay_depth,
       max_recompute_ratio, recompute_half_life_ops, seed);
 }
 

@@ -29,6 +29,12 @@ enum class SearchMode {
   kExact,    // score every evictable storage
 };
 
+// Note [Lazy input locks] (remat.cc).
+enum class InputLocking {
+  kEager,  // lock every input of an op before bringing any back
+  kLazy,   // lock an input once it is back; until then a victim of last resort (default)
+};
+
 struct RuntimeConfig {
   uint64_t budget_bytes = kUnlimitedBudget;
   HeuristicKind heuristic = HeuristicKind::kDtr;  // Note [Default heuristic] (heuristic.cc)
@@ -70,6 +76,11 @@ struct RuntimeConfig {
   // has already brought back have their scores multiplied by this, so the search takes them
   // last. 1: no protection.
   double rebuild_protection = 30;
+  // Note [Lazy input locks] (remat.cc): how an op, run or replayed, holds the inputs it waits
+  // for while the missing ones are brought back. kEager locks every input before any is brought
+  // back (the behaviour until stop 38); kLazy locks one once it is back, or when the op runs,
+  // and until then it is evicted only as a last resort.
+  InputLocking input_locking = InputLocking::kLazy;
   uint64_t seed = 0x5eed;
   // Note [Bounded replay chains] (runtime.cc): a storage recorded deeper than this many recipe
   // ops behind the nearest constants becomes a constant itself.
@@ -86,8 +97,10 @@ struct RuntimeConfig {
 
 absl::StatusOr<DeallocPolicy> ParseDeallocPolicy(absl::string_view name);
 absl::StatusOr<SearchMode> ParseSearchMode(absl::string_view name);
+absl::StatusOr<InputLocking> ParseInputLocking(absl::string_view name);
 std::string DeallocPolicyName(DeallocPolicy policy);
 std::string SearchModeName(SearchMode mode);
+std::string InputLockingName(InputLocking locking);
 
 }  // namespace dtr
 

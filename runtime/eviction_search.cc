@@ -100,7 +100,8 @@ void Runtime::FillPoolEntry(const StorageRecord& r, PoolEntry* e) {
   e->neighborhood_cost = r.neighborhood_cost;
   e->flags = (r.locks > 0 ? PoolEntry::kLocked : 0) | (AwaitsReader(r) ? PoolEntry::kAwaitsReader : 0) |
              (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
-             (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0);
+             (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
+             (r.waits > 0 ? PoolEntry::kAwaited : 0);
 }
 
 void Runtime::SyncPool(StorageId id) {
@@ -205,7 +206,9 @@ double Runtime::ScoreOf(StorageId id) {
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 
-static bool Skipped(const PoolEntry& e) { return e.flags & (PoolEntry::kLocked | PoolEntry::kAwaitsReader); }
+static bool Skipped(const PoolEntry& e) {
+  return e.flags & (PoolEntry::kLocked | PoolEntry::kAwaitsReader | PoolEntry::kAwaited);
+}
 
 void Runtime::ScoreCandidates(size_t keep, double small) {
   const size_t count = candidates_.size();
@@ -321,8 +324,8 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   ++stats_.eviction_searches;
   double small = config_.small_storage_fraction * double(pool_bytes_) / double(n);
   double best = 0, best_small = 0;
-  uint64_t best_unread_size = 0;
-  StorageId best_id, best_small_id, best_unread_id;
+  uint64_t best_unread_size = 0, best_awaited_size = 0;
+  StorageId best_id, best_small_id, best_unread_id, best_awaited_id;
   scored_.clear();
   // Takes candidates_[i] with its score from ScoreCandidates.
   auto consider = [&](size_t i) {
@@ -330,6 +333,10 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
     const StorageId id = e.id;
     const uint64_t size = e.size;
     if (e.flags & PoolEntry::kLocked) return;
+    if (e.flags & PoolEntry::kAwaited) {  // Note [Lazy input locks]: last resort, before unread results
+      if (!best_awaited_id.valid() || size > best_awaited_size) best_awaited_size = size, best_awaited_id = id;
+      return;
+    }
     if (e.flags & PoolEntry::kAwaitsReader) {  // Note [Results awaiting their reader]: last resort
       if (!best_unread_id.valid() || size > best_unread_size) best_unread_size = size, best_unread_id = id;
       return;
@@ -366,7 +373,7 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
       carry(scored_.size());
     }
     if (!best_id.valid()) {  // nothing usable in the sample: search the whole pool
-      best_small_id = best_unread_id = StorageId{};
+      best_small_id = best_unread_id = best_awaited_id = StorageId{};
       DrawWholePool();
     }
   }
@@ -377,6 +384,7 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   double chosen_score = std::numeric_limits<double>::infinity();  // an unread result's
   if (best_id.valid()) *victim = best_id, chosen_score = best;
   else if (best_small_id.valid()) *victim = best_small_id, chosen_score = best_small;
+  else if (best_awaited_id.valid()) *victim = best_awaited_id;  // Note [Lazy input locks]
   else if (best_unread_id.valid()) *victim = best_unread_id;
   else return false;
   if (score != nullptr) *score = chosen_score;
@@ -409,6 +417,7 @@ void Runtime::EvictUnchecked(StorageId id, bool eager) {
   join();
   ++stats_.evictions;
   if (eager) ++stats_.eager_evictions;
+  if (r.waits > 0) ++stats_.awaited_evictions;
   MaybeCompactComponents();
 }
 
@@ -454,7 +463,8 @@ absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
 // Ranking the whole pool every time, as this did before, cost the real runs more per decision
 // than their simulated searches: on a CPU TreeLSTM at 0.6 of its peak, 27 us a decision with
 // dtr-eq and 100 us with dtr, 12-19 ms of a 45-55 ms step. Ties rank by id. Results awaiting
-// their reader are offered only by a ranking of the whole pool, after every other candidate.
+// their reader are offered only by a ranking of the whole pool, after every other candidate,
+// the inputs a rematerialization awaits just before them (Note [Lazy input locks]).
 // A storage drawn twice is listed once (kRandom, which scores each draw anew, may list it twice;
 // the second eviction then fails and the caller moves on).
 std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
@@ -476,11 +486,13 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
       const PoolEntry& e = candidates_[i].entry;
       if (e.flags & PoolEntry::kLocked) continue;
       // Note [Results awaiting their reader]: ranked after every other candidate, so only a
-      // ranking of the whole pool offers them (a sample's finite few would not come first).
-      const bool awaits_reader = e.flags & PoolEntry::kAwaitsReader;
+      // ranking of the whole pool offers them (a sample's finite few would not come first);
+      // Note [Lazy input locks]: so are awaited inputs, just before them.
+      const bool awaited = e.flags & PoolEntry::kAwaited;
+      const bool last_resort = awaited || (e.flags & PoolEntry::kAwaitsReader);
       double score = std::numeric_limits<double>::infinity();
-      if (awaits_reader && sampled) continue;
-      if (!awaits_reader) {
+      if (last_resort && sampled) continue;
+      if (!last_resort) {
         score = candidate_scores_[i];
         if (score == kUnscored) continue;  // Note [Bounded victim search]: not among the best
         any_scored = true;
@@ -498,6 +510,10 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
   std::sort(ranked.begin(), ranked.end());
   ranked.erase(std::unique(ranked.begin(), ranked.end(), [](const Scored& a, const Scored& b) { return a.id == b.id; }),
                ranked.end());
+  if (!sampled)  // Note [Lazy input locks]: awaited inputs after the others, then unread results
+    std::stable_partition(ranked.begin(), ranked.end(), [&](const Scored& c) {
+      return !std::isinf(c.score) || (pool_[c.pool_index].flags & PoolEntry::kAwaited);
+    });
   if (sampled) {
     carried_.clear();
     for (const Scored& c : ranked) {

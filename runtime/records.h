@@ -56,6 +56,9 @@ struct StorageRecord {
   double cost = 0;           // sum of the recipe ops' costs (c0 in the paper)
   double last_access = 0;    // runtime clock at the last op that read or wrote it
   uint32_t locks = 0;        // transient: held while an op that needs it is being computed
+  // transient: ops being brought back that wait for it, while it is not locked (Note [Lazy
+  // input locks], remat.cc): it is then a victim of last resort
+  uint32_t waits = 0;
   uint32_t external_refs = 0;
   // Note [Thrashing]
   double recent_remats = 0;
@@ -112,6 +115,7 @@ struct PoolEntry {
     kNeighborEvicted = 4,  // Note [Evicted-neighbor hint]: its neighborhood cost needs a walk
     kRemats = 8,           // recent_remats > 0: Note [Thrashing]'s factor needs the record
     kRebuilt = 16,         // rebuild_epoch > 0: Note [Rebuilt segments]' factor may apply
+    kAwaited = 32,         // waits > 0: Note [Lazy input locks]: skipped, a last resort
   };
   StorageId id;
   double cost = 0;

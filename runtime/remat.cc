@@ -15,14 +15,46 @@ namespace dtr {
 
 // Note [Rematerialization]
 // Materialize runs on an explicit stack of frames, one per storage being brought back. A frame
-// replays its storage's recipe one op at a time: it locks that op's inputs (resident or not: a
-// locked evicted storage cannot be evicted again once it is back), pushes the first non-resident
-// one, and when all are resident replays the op and unlocks them. Between recipe ops the storage
-// itself is locked, so the memory needed is the largest single step, not the whole recipe. The
-// graph is acyclic, so the stack is bounded by the number of storages; there is no recursion. Replaying a multi-output op computes all of
-// its outputs: evicted siblings whose recipe is exactly that op are kept, the rest (resident
-// siblings, or siblings mutated since) are discarded again, with their bytes reserved for the
-// duration of the replay.
+// replays its storage's recipe one op at a time: it lists that op's inputs and holds them (Note
+// [Lazy input locks] says how), pushes the first non-resident one, and when all are resident
+// locks them, replays the op and unlocks them. Between recipe ops the storage itself is locked,
+// so the memory needed is the largest single step, not the whole recipe. The graph is acyclic,
+// so the stack is bounded by the number of storages; there is no recursion. Replaying a
+// multi-output op computes all of its outputs: evicted siblings whose recipe is exactly that op
+// are kept, the rest (resident siblings, or siblings mutated since) are discarded again, with
+// their bytes reserved for the duration of the replay.
+
+// Note [Lazy input locks]
+// An op that runs (Compute, Mutate) or replays (a frame of Note [Rematerialization]) needs all
+// of its inputs resident at once, and brings the missing ones back one at a time. Until stop 38
+// every input was locked before the first was brought back, resident or not (InputLocking::
+// kEager): bringing one back could never evict another, so each came back once. But the locks
+// of every frame on the stack add up: the floor of Note [Memory floor] counts one op's inputs
+// and outputs, the stack held the inputs of every op under it, and near the floor that was what
+// ran out (a replayed convolution_backward with 5.12 MiB locked on DenseNet, 657-930 KiB of the
+// Transformer's activations locked at r = 0.15; bench/results/activations.md, stop 37).
+// So now (kLazy, the default) an input is locked only once it is back (the frame below a
+// finished frame locks what that frame rebuilt), or when its op replays; until then it is
+// awaited (StorageRecord::waits, PoolEntry::kAwaited): a victim of last resort, taken only when
+// nothing else can be evicted, before the results awaiting their reader (evicting a gradient
+// early leaves a later replay of the backward op, with its inputs locked, that may not fit).
+// An awaited input that had to go is brought back again when its op is next on the stack, then
+// locked. Each push locks one more input of the frame below, so a frame brings each input back
+// at most once more than eager locks would, and the stack still ends. Where eager locks fit
+// without taking a result awaiting its reader, the decisions are the same as theirs (nothing
+// awaited is taken while anything else can be). Stats count awaited_evictions.
+// Measured in dtr-sim (3 traces x seeds 1-3 of each benchmark model, medians, budgets on the
+// activations, eager -> lazy; bench/results/activations.md, stop 38): ResNet trains at r = 0.3
+// (oom -> 3.13x; its floor is 0.28), UNet at 0.35 and 0.3 (oom -> 2.75x, 4.78x; floor 0.26),
+// DenseNet at 0.3 and 0.25 (oom -> 3.16x, 5.95x; floor 0.18), the LSTM at 0.15 in all 9 runs
+// (3.73x; 3 ran out of memory). The price: ResNet at 0.35 2.27x -> 2.78x and the LSTM at 0.2
+// 2.83x -> 3.10x, where eager locks evicted gradients instead; and the TreeLSTM at 0.15, which
+// eager trained at 20x in 6 of 9 runs, now stops in 7 of 9 at Note [Recomputation limit].
+// Taking results awaiting their reader first (eager's decisions wherever eager fits), or the
+// cheapest last-resort candidate by the heuristic's score or by cost per byte, lost ResNet at
+// 0.3 again (its gradients were evicted, and bringing one back failed), though the score gained
+// on UNet (3.01x at 0.3). InputLocking::kEager (dtr-sim --input-locks eager) is kept for
+// comparisons.
 
 // Note [Staleness of replayed storages]
 // Staleness measures how long ago the program used a storage (Note [Heuristics]); a replay is
@@ -116,6 +148,16 @@ absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
       ratio, limit, op_name));
 }
 
+void Runtime::Await(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (r.waits++ == 0) RefreshPoolEntry(r);  // Note [Candidate table]: kAwaited
+}
+
+void Runtime::Unawait(StorageId id) {
+  StorageRecord& r = rec(id);
+  if (--r.waits == 0) RefreshPoolEntry(r);
+}
+
 absl::Status Runtime::Materialize(StorageId target) {
   if (rec(target).resident()) return absl::OkStatus();
   // Note [Rebuilt segments]: what this rematerialization brings back is taken last until it ends.
@@ -126,20 +168,28 @@ absl::Status Runtime::Materialize(StorageId target) {
     ~RebuildUnderway() { --rt_->rebuilds_underway_; }
     Runtime* rt_;
   } underway(this);
+  const bool lazy = config_.input_locking == InputLocking::kLazy;
   // One frame per storage being brought back; `stage` is the recipe op being replayed.
   struct Frame {
     StorageId id;
     size_t stage = 0;
-    bool deps_locked = false;
+    bool deps_listed = false;  // deps holds the inputs of recipe[stage]
     bool self_locked = false;
-    std::vector<StorageId> deps;  // inputs of recipe[stage], locked while deps_locked
+    std::vector<StorageId> deps;
+    std::vector<bool> held;  // which of deps this frame has locked
   };
   std::vector<Frame> stack;
   stack.push_back(Frame{target});
+  auto release_deps = [&](Frame& f) {
+    for (size_t i = 0; i < f.deps.size(); ++i) {
+      if (f.held[i]) Unlock(f.deps[i]);
+      if (lazy) Unawait(f.deps[i]);
+    }
+    f.deps_listed = false;
+  };
   auto unwind = [&](absl::Status status) {
     for (Frame& f : stack) {
-      if (f.deps_locked)
-        for (StorageId d : f.deps) Unlock(d);
+      if (f.deps_listed) release_deps(f);
       if (f.self_locked) {
         // A half-replayed recipe leaves no usable contents: drop them again.
         StorageRecord& r = rec(f.id);
@@ -155,7 +205,7 @@ absl::Status Runtime::Materialize(StorageId target) {
   while (!stack.empty()) {
     size_t top = stack.size() - 1;
     StorageId id = stack[top].id;
-    if (!stack[top].deps_locked) {
+    if (!stack[top].deps_listed) {
       StorageRecord& r = rec(id);
       if (stack[top].stage == 0) {
         if (r.resident()) {
@@ -170,8 +220,10 @@ absl::Status Runtime::Materialize(StorageId target) {
       f.deps.clear();
       for (StorageId in : ops_[r.recipe[f.stage]].inputs)
         if (in != id && !ContainsValue(f.deps, in)) f.deps.push_back(in);
-      for (StorageId d : f.deps) Lock(d);
-      f.deps_locked = true;
+      // Note [Lazy input locks]: eagerly, every input is locked now, resident or not.
+      f.held.assign(f.deps.size(), !lazy);
+      for (StorageId d : f.deps) lazy ? Await(d) : Lock(d);
+      f.deps_listed = true;
     }
     StorageId missing;
     for (StorageId d : stack[top].deps)
@@ -187,6 +239,11 @@ absl::Status Runtime::Materialize(StorageId target) {
     }
     // Note [Rematerialization]: the inputs of this recipe op are resident and locked.
     Frame& f = stack[top];
+    for (size_t i = 0; i < f.deps.size(); ++i)
+      if (!f.held[i]) {
+        Lock(f.deps[i]);
+        f.held[i] = true;
+      }
     absl::Status s = f.stage == 0 ? ReplayFirstOp(id) : ReplayInPlaceOp(id, f.stage);
     if (!s.ok()) return unwind(s);
     ++f.stage;
@@ -198,14 +255,22 @@ absl::Status Runtime::Materialize(StorageId target) {
       f.self_locked = true;
       rec(id).rebuilding = true;
     }
-    for (StorageId d : f.deps) Unlock(d);
-    f.deps_locked = false;
+    release_deps(f);
     if (more) continue;
     if (f.self_locked) {
       rec(id).rebuilding = false;
       Unlock(id);
     }
     stack.pop_back();
+    // Note [Lazy input locks]: the frame that waited for it holds it from now on.
+    if (!stack.empty()) {
+      Frame& waiting = stack.back();
+      for (size_t i = 0; i < waiting.deps.size(); ++i)
+        if (waiting.deps[i] == id && !waiting.held[i]) {
+          Lock(id);
+          waiting.held[i] = true;
+        }
+    }
     if (absl::Status done = FinishRemat(id); !done.ok()) return unwind(done);
   }
   return absl::OkStatus();

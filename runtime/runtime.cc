@@ -154,17 +154,41 @@ absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<c
                                          InputList* distinct) {
   for (StorageId in : ids)
     if (!storages_.Contains(in)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
-  // Locked before any is brought back, so that bringing one back cannot evict another.
   for (StorageId in : ids)
     if (!ContainsValue(*distinct, in)) distinct->push_back(in);
-  for (StorageId in : *distinct) Lock(in);
-  for (StorageId in : *distinct) {
-    if (absl::Status s = Materialize(in); !s.ok()) {
-      UnlockAll(*distinct);
-      return s;
+  const auto missing = [&](StorageId in) { return !rec(in).resident(); };
+  if (config_.input_locking == InputLocking::kEager ||
+      std::none_of(distinct->begin(), distinct->end(), missing)) {
+    // Locked before any is brought back, so that bringing one back cannot evict another.
+    for (StorageId in : *distinct) Lock(in);
+    for (StorageId in : *distinct) {
+      if (absl::Status s = Materialize(in); !s.ok()) {
+        UnlockAll(*distinct);
+        return s;
+      }
     }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  // Note [Lazy input locks]: each input is locked once it is back; until then it is a victim of
+  // last resort, and brought back again if a replay had to evict it meanwhile.
+  for (StorageId in : *distinct) Await(in);
+  absl::InlinedVector<bool, 4> held(distinct->size(), false);
+  auto done = [&](absl::Status status) {
+    for (size_t i = 0; i < distinct->size(); ++i) {
+      if (status.ok() && !held[i]) Lock((*distinct)[i]);
+      if (!status.ok() && held[i]) Unlock((*distinct)[i]);
+      Unawait((*distinct)[i]);
+    }
+    if (!status.ok()) DrainCollection();
+    return status;
+  };
+  for (;;) {
+    auto next = std::find_if(distinct->begin(), distinct->end(), missing);
+    if (next == distinct->end()) return done(absl::OkStatus());
+    if (absl::Status s = Materialize(*next); !s.ok()) return done(s);
+    Lock(*next);
+    held[next - distinct->begin()] = true;
+  }
 }
 
 void Runtime::UnlockAll(const InputList& ids) {
@@ -374,6 +398,7 @@ absl::Status Runtime::CheckInvariants() const {
   storages_.ForEach([&](StorageId id, const StorageRecord& r) {
     if (!status.ok()) return;
     if (r.locks != 0) status = fail(IdString(id), " holds ", r.locks, " locks between operations");
+    if (r.waits != 0) status = fail(IdString(id), " is awaited by ", r.waits, " ops between operations");
     if (r.state == StorageState::kBanished) status = fail(IdString(id), " is banished but still recorded");
     if (r.resident()) {
       resident_sum += r.size;

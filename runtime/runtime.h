@@ -276,6 +276,10 @@ class Runtime {
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
 
   // Rematerialization (Note [Rematerialization]); remat.cc.
+  // Note [Lazy input locks]: an input some op being brought back waits for, evicted only as a
+  // last resort until it is locked; Unawait when the op is done.
+  void Await(StorageId id);
+  void Unawait(StorageId id);
   absl::Status Materialize(StorageId target);
   absl::Status ReplayFirstOp(StorageId id);
   absl::Status ReplayInPlaceOp(StorageId id, size_t stage);

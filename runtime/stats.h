@@ -13,6 +13,9 @@ struct RuntimeStats {
   uint64_t constants = 0;             // storages registered as constants
   uint64_t evictions = 0;
   uint64_t eager_evictions = 0;       // evictions because the program dropped its last reference
+  // evictions of an input an op being brought back waited for (Note [Lazy input locks]: last
+  // resort, when nothing else could be evicted)
+  uint64_t awaited_evictions = 0;
   uint64_t banishments = 0;
   uint64_t rematerializations = 0;    // storages brought back
   uint64_t replays = 0;               // op replays (a recipe may replay several ops)

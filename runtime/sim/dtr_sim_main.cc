@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness]
-          [--rebuild-protection K] [--check]
+          [--rebuild-protection K] [--input-locks lazy|eager] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -35,6 +35,8 @@ candidates that cannot win (the same decisions, more work: Note [Bounded victim 
 until stop 33: Note [Staleness of replayed storages]).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
+--input-locks eager locks every input of an op before bringing any back (the rule until stop 38);
+lazy, the default, locks an input once it is back (Note [Lazy input locks]).
 )";
 
 int Fail(const std::string& message) {
@@ -92,6 +94,10 @@ int main(int argc, char** argv) {
       auto s = ParseSearchMode(v);
       if (!s.ok()) return Fail(std::string(s.status().message()));
       options.runtime.search = *s;
+    } else if (arg == "--input-locks") {
+      auto l = ParseInputLocking(v);
+      if (!l.ok()) return Fail(std::string(l.status().message()));
+      options.runtime.input_locking = *l;
     } else if (arg == "--seed") {
       if (!absl::SimpleAtoi(v, &gen.seed)) return Fail(absl::StrCat("--seed: not a number '", v, "'"));
       options.runtime.seed = gen.seed;

@@ -178,6 +178,74 @@ TEST_F(RuntimeTest, InputsOfTheRunningOpAreLockedAndNeverChosen) {
   EXPECT_TRUE(Resident(d));
 }
 
+// Note [Lazy input locks]: d = D(a, b) with a resident and b = B(c), c = C(x) both evicted. Eager
+// locks hold a and c while B replays (x + a + c + b = 31 bytes > 25): infeasible. Lazy ones evict
+// the awaited a as the last resort, replay B, then bring a back (evicting c, which nothing
+// awaits any more), all within the budget.
+TEST_F(RuntimeTest, LazyInputLocksFitARematerializationEagerLocksCannot) {
+  for (InputLocking locking : {InputLocking::kEager, InputLocking::kLazy}) {
+    SCOPED_TRACE(InputLockingName(locking));
+    backend_ = FakeBackend();
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.input_locking = locking;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("A", {x}, 10);
+    StorageId c = Op1("C", {x}, 10);
+    StorageId b = Op1("B", {c}, 10);
+    ASSERT_TRUE(rt_->Evict(b).ok());
+    ASSERT_TRUE(rt_->Evict(c).ok());
+    ASSERT_TRUE(rt_->SetBudget(25).ok());
+    auto d = rt_->Compute({"D", {a, b}, {std::vector<uint64_t>{1}}, true, 0},
+                          [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    Check();
+    if (locking == InputLocking::kEager) {
+      ASSERT_FALSE(d.ok());
+      EXPECT_TRUE(absl::IsResourceExhausted(d.status())) << d.status();
+      EXPECT_THAT(std::string(d.status().message()), HasSubstr("rematerializing B"));
+      EXPECT_TRUE(Resident(a));  // nothing lost: the replayed c stays, a was never touched
+      continue;
+    }
+    ASSERT_TRUE(d.ok()) << d.status();
+    // The fake backend fails a replay whose inputs are not resident and locked.
+    EXPECT_EQ(backend_.replays, (std::vector<std::string>{"C", "B", "A"}));
+    EXPECT_EQ(rt_->stats().awaited_evictions, 1u);
+    // Each replay starts with room for its 10-byte output.
+    for (uint64_t m : backend_.memory_at_replays) EXPECT_LE(m + 10, 25u);
+    EXPECT_LE(rt_->memory(), 25u);
+    EXPECT_TRUE(Resident(a));
+    EXPECT_TRUE(Resident(b));
+    EXPECT_FALSE(Resident(c));
+  }
+}
+
+// Note [Lazy input locks]: an awaited input is the last resort. With another storage to evict,
+// that one goes, and nothing is brought back twice.
+TEST_F(RuntimeTest, AwaitedInputsAreEvictedOnlyWhenNothingElseCanBe) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  Make(config);
+  StorageId x = Const(1);
+  StorageId a = Op1("A", {x}, 10);
+  StorageId spare = Op1("E", {x}, 10);
+  Op1("G", {spare}, 1);  // read, so spare is an ordinary candidate (Note [Results awaiting their reader])
+  StorageId c = Op1("C", {x}, 10);
+  StorageId b = Op1("B", {c}, 10);
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  ASSERT_TRUE(rt_->Evict(c).ok());
+  ASSERT_TRUE(rt_->SetBudget(36).ok());
+  // Rebuilding b needs x + a + spare + g + c + b = 42 bytes: one of a (awaited) and spare goes.
+  auto d = rt_->Compute({"D", {a, b}, {std::vector<uint64_t>{1}}, true, 0},
+                        [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_TRUE(d.ok()) << d.status();
+  Check();
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"C", "B"}));
+  EXPECT_EQ(rt_->stats().awaited_evictions, 0u);
+  EXPECT_FALSE(Resident(spare));
+  EXPECT_TRUE(Resident(a));
+}
+
 TEST_F(RuntimeTest, PinnedStoragesAreNotEvicted) {
   Make(25);
   StorageId x = Const(1);
