@@ -333,7 +333,7 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
     const StorageId id = e.id;
     const uint64_t size = e.size;
     if (e.flags & PoolEntry::kLocked) return;
-    if (e.flags & PoolEntry::kAwaited) {  // Note [Lazy input locks]: last resort, before unread results
+    if (e.flags & PoolEntry::kAwaited) {  // Note [Lazy input locks]: the last resort, after unread results
       if (!best_awaited_id.valid() || size > best_awaited_size) best_awaited_size = size, best_awaited_id = id;
       return;
     }
@@ -384,8 +384,8 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   double chosen_score = std::numeric_limits<double>::infinity();  // an unread result's
   if (best_id.valid()) *victim = best_id, chosen_score = best;
   else if (best_small_id.valid()) *victim = best_small_id, chosen_score = best_small;
-  else if (best_awaited_id.valid()) *victim = best_awaited_id;  // Note [Lazy input locks]
   else if (best_unread_id.valid()) *victim = best_unread_id;
+  else if (best_awaited_id.valid()) *victim = best_awaited_id;  // Note [Lazy input locks]
   else return false;
   if (score != nullptr) *score = chosen_score;
   return true;
@@ -464,7 +464,7 @@ absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
 // than their simulated searches: on a CPU TreeLSTM at 0.6 of its peak, 27 us a decision with
 // dtr-eq and 100 us with dtr, 12-19 ms of a 45-55 ms step. Ties rank by id. Results awaiting
 // their reader are offered only by a ranking of the whole pool, after every other candidate,
-// the inputs a rematerialization awaits just before them (Note [Lazy input locks]).
+// and the inputs a rematerialization awaits after them (Note [Lazy input locks]).
 // A storage drawn twice is listed once (kRandom, which scores each draw anew, may list it twice;
 // the second eviction then fails and the caller moves on).
 std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
@@ -487,7 +487,7 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
       if (e.flags & PoolEntry::kLocked) continue;
       // Note [Results awaiting their reader]: ranked after every other candidate, so only a
       // ranking of the whole pool offers them (a sample's finite few would not come first);
-      // Note [Lazy input locks]: so are awaited inputs, just before them.
+      // Note [Lazy input locks]: so are awaited inputs, after them.
       const bool awaited = e.flags & PoolEntry::kAwaited;
       const bool last_resort = awaited || (e.flags & PoolEntry::kAwaitsReader);
       double score = std::numeric_limits<double>::infinity();
@@ -510,10 +510,9 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
   std::sort(ranked.begin(), ranked.end());
   ranked.erase(std::unique(ranked.begin(), ranked.end(), [](const Scored& a, const Scored& b) { return a.id == b.id; }),
                ranked.end());
-  if (!sampled)  // Note [Lazy input locks]: awaited inputs after the others, then unread results
-    std::stable_partition(ranked.begin(), ranked.end(), [&](const Scored& c) {
-      return !std::isinf(c.score) || (pool_[c.pool_index].flags & PoolEntry::kAwaited);
-    });
+  if (!sampled)  // Note [Lazy input locks]: awaited inputs last
+    std::stable_partition(ranked.begin(), ranked.end(),
+                          [&](const Scored& c) { return !(pool_[c.pool_index].flags & PoolEntry::kAwaited); });
   if (sampled) {
     carried_.clear();
     for (const Scored& c : ranked) {

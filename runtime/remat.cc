@@ -36,25 +36,22 @@ namespace dtr {
 // So now (kLazy, the default) an input is locked only once it is back (the frame below a
 // finished frame locks what that frame rebuilt), or when its op replays; until then it is
 // awaited (StorageRecord::waits, PoolEntry::kAwaited): a victim of last resort, taken only when
-// nothing else can be evicted, before the results awaiting their reader (evicting a gradient
-// early leaves a later replay of the backward op, with its inputs locked, that may not fit).
-// An awaited input that had to go is brought back again when its op is next on the stack, then
-// locked. Each push locks one more input of the frame below, so a frame brings each input back
-// at most once more than eager locks would, and the stack still ends. Where eager locks fit
-// without taking a result awaiting its reader, the decisions are the same as theirs (nothing
-// awaited is taken while anything else can be). Stats count awaited_evictions.
+// nothing else can be evicted, results awaiting their reader included. An awaited input that had
+// to go is brought back again when its op is next on the stack, then locked. Each push locks one
+// more input of the frame below, so a frame brings each input back at most once more than eager
+// locks would, and the stack still ends. Since the awaited inputs come after everything eager
+// locks could evict, every search eager locks would answer gets their answer: where eager locks
+// train, lazy ones make the same decisions (dtr-sim: the same ratios in every such cell), and
+// they only add a victim where eager locks had none. Stats count awaited_evictions.
 // Measured in dtr-sim (3 traces x seeds 1-3 of each benchmark model, medians, budgets on the
-// activations, eager -> lazy; bench/results/activations.md, stop 38): ResNet trains at r = 0.3
-// (oom -> 3.13x; its floor is 0.28), UNet at 0.35 and 0.3 (oom -> 2.75x, 4.78x; floor 0.26),
-// DenseNet at 0.3 and 0.25 (oom -> 3.16x, 5.95x; floor 0.18), the LSTM at 0.15 in all 9 runs
-// (3.73x; 3 ran out of memory). The price: ResNet at 0.35 2.27x -> 2.78x and the LSTM at 0.2
-// 2.83x -> 3.10x, where eager locks evicted gradients instead; and the TreeLSTM at 0.15, which
-// eager trained at 20x in 6 of 9 runs, now stops in 7 of 9 at Note [Recomputation limit].
-// Taking results awaiting their reader first (eager's decisions wherever eager fits), or the
-// cheapest last-resort candidate by the heuristic's score or by cost per byte, lost ResNet at
-// 0.3 again (its gradients were evicted, and bringing one back failed), though the score gained
-// on UNet (3.01x at 0.3). InputLocking::kEager (dtr-sim --input-locks eager) is kept for
-// comparisons.
+// activations, eager -> lazy; bench/results/activations.md, stop 38): DenseNet trains at r = 0.3
+// and 0.25 (oom -> 4.77x, 5.90x; its floor is 0.18), UNet at 0.35 and 0.3 (oom -> 3.55x, 4.47x;
+// floor 0.26); the LSTM and the TreeLSTM at 0.15 train in more of the runs. Taking awaited inputs
+// before the results awaiting their reader trained ResNet at 0.3 too (3.13x, at its floor of
+// 0.28), but changed decisions where eager locks trained (ResNet at 0.35 2.27x -> 2.78x), and a
+// real program that trained under eager locks (tests/python/test_activation.py,
+// test_disable_and_enable_again) ran out of memory. InputLocking::kEager (dtr-sim --input-locks
+// eager) is kept for comparisons.
 
 // Note [Staleness of replayed storages]
 // Staleness measures how long ago the program used a storage (Note [Heuristics]); a replay is

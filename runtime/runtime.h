@@ -169,8 +169,9 @@ class Runtime {
   using InputList = absl::InlinedVector<StorageId, 4>;
 
   StorageRecord& rec(StorageId id) { return storages_[id]; }
-  // Appends the distinct `ids` to `distinct`, locks them and brings them back; on failure
-  // everything is unlocked again. UnlockAll undoes it once the op is done.
+  // Appends the distinct `ids` to `distinct`, brings them back and locks them (Note [Lazy input
+  // locks], remat.cc: in which order); on failure everything is unlocked again. UnlockAll undoes
+  // it once the op is done.
   absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
