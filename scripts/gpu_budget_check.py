@@ -132,6 +132,7 @@ def sweep(args):
             if not r["ok"]:
                 rows.append(f"| {model} | {frac:.2f} of peak | {'OOM' if r['oom'] else 'FAILED'} | - | - | - | "
                             f"{r['error'][:120]} |")
+                save(args.out, rows, report)
                 continue
             same = r["losses"] == ref["losses"] and r["weights"] == ref["weights"]
             within = r["max_reserved"] <= budget
@@ -139,6 +140,7 @@ def sweep(args):
                         f"{r['ms_per_step'] / plain['ms_per_step']:.2f}x | {r['max_reserved'] / 2**20:.0f} MiB "
                         f"({'<=' if within else 'OVER'} budget) | {r['evictions']}/{r['remats']} | "
                         f"{'yes' if same else 'NO'} |")
+            save(args.out, rows, report)
         # The same budget without eviction (a plain cap) must die: dtr is what makes it train.
         low = int(peak * min(args.fractions))
         capped = run(model, args.steps, args.warmup, budget=low, cuda_allocator=args.cuda_allocator, evict=False)
@@ -146,14 +148,20 @@ def sweep(args):
         rows.append(f"| {model} | {min(args.fractions):.2f} of peak, DTR_EVICT=0 | "
                     f"{'OOM (expected)' if not capped['ok'] and capped['oom'] else 'UNEXPECTED: ' + str(capped.get('error', 'trained'))[:80]}"
                     f" | - | - | - | - |")
+        save(args.out, rows, report)
+    print(save(args.out, rows, report))
+
+
+def save(out, rows, report):
+    """Writes the table and the JSON so far: a sweep stopped at its deadline keeps what it ran."""
     table = ("| model | run | time/step | vs plain | max reserved | evictions/remats | bit-identical |\n"
              "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
-    print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "budget_sweep.json"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "budget_sweep.json"), "w") as f:
         json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, "budget_sweep.md"), "w") as f:
+    with open(os.path.join(out, "budget_sweep.md"), "w") as f:
         f.write(table + "\n")
+    return table
 
 
 def main():
