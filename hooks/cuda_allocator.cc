@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <limits>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -289,6 +290,26 @@ void CudaAllocatorAdapter::Refuse(const char* what) const {
                               what, ".", kUseNative);
 }
 
+// Note [Expandable segments overshoot the fraction]
+// The native allocator checks its memory fraction against the size it was asked for (reserved +
+// the rounded request <= allowed), and with expandable segments (PYTORCH_CUDA_ALLOC_CONF=
+// expandable_segments:True) it then maps physical memory in whole pages of its segment size
+// (large_segment_size, 20 MiB by default; 2 MiB in the small pool), so reserved memory can end
+// up to one large page above the fraction: on an H200 a Transformer under a 1133 MiB budget
+// reached 1146 MiB reserved (2026-11-28, torch 2.11). With cudaMalloc segments the check is
+// exact. So with expandable segments the fraction leaves one large page of headroom below the
+// budget, and DTR_BUDGET stays a hard cap on reserved memory. Read when the fraction is applied:
+// turning expandable segments on later (torch.cuda.memory._set_allocator_settings) takes effect
+// at the next budget or fraction change.
+namespace {
+size_t NativeMappingHeadroom() {
+  namespace cac = c10::CachingAllocator;
+  return cac::AcceleratorAllocatorConfig::use_expandable_segments()
+             ? std::max(cac::AcceleratorAllocatorConfig::large_segment_size(), cac::kSmallBuffer)
+             : 0;
+}
+}  // namespace
+
 // The native budget is a memory fraction: the smaller of the user's and dtr's wins.
 // Applied lazily (the native allocator needs init() for the device first, and only devices in
 // use get a cap); re-applied after a budget or user-fraction change, and reset to 1.0 once a
@@ -309,7 +330,11 @@ void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
   const bool unlimited = budget == std::numeric_limits<size_t>::max() && user < 0;
   if (!unlimited || ever) {
     fraction = user < 0 ? 1.0 : user;
-    if (total > 0 && budget < total) fraction = std::min(fraction, double(budget) / double(total));
+    if (total > 0 && budget < total) {
+      const size_t headroom = NativeMappingHeadroom();  // Note [Expandable segments overshoot the fraction]
+      const size_t cap = budget > headroom ? budget - headroom : 0;
+      fraction = std::min(fraction, double(cap) / double(total));
+    }
     native().setMemoryFraction(fraction, d.index);
   }
   std::lock_guard<std::mutex> l(mu_);

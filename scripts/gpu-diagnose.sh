@@ -126,6 +126,13 @@ runpy.run_path("scripts/gpu_budget_check.py", run_name="__main__")'
 case_ conv_plain_nocudnn 60 X=1 -- "$py" -c "$no_cudnn" --worker convnet --steps 8 --warmup 2
 case_ conv_half_nocudnn 90 DTR_CUDA_ALLOCATOR=native DTR_STATS_FILE=$work/conv_half_nocudnn.stats.json -- \
   "$py" -m dtr --budget "$conv_budget" -c "$no_cudnn" --worker convnet --steps 8 --warmup 2
+# The conv net at 0.5 of its peak on the dtr backend trained on 2026-11-27 (4.08x) and ran out of
+# memory on 2026-11-28, in SGD's _foreach_add_ with 1.38 GiB locked by a rematerialization: a
+# trace of unbudgeted steps for dtr-sim (which rule changed it), and the failing run's stats.
+case_ conv_trace 60 DTR_CUDA_ALLOCATOR=dtr DTR_TRACE_FILE=$work/convnet.trace -- \
+  "$py" -m dtr scripts/gpu_budget_check.py --worker convnet --steps 4 --warmup 1
+case_ conv_half_dtr 90 DTR_CUDA_ALLOCATOR=dtr DTR_STATS_FILE=$work/conv_half_dtr.stats.json -- \
+  "$py" -m dtr --budget "$conv_budget" scripts/gpu_budget_check.py --worker convnet --steps 4 --warmup 1
 case_ sweep_native 200 X=1 -- "$py" scripts/gpu_budget_check.py --cuda-allocator native --out "$work/sweep_native" \
   --steps 8 --warmup 2 --models ${GPU_DIAG_SWEEP_MODELS:-convnet transformer}
 echo "== done in $(( $(date +%s) - start )) s after the build began"

@@ -468,6 +468,22 @@ TEST_F(NativeTest, BudgetBecomesTheMemoryFractionAndTheSmallerFractionWins) {
   EXPECT_THROW(a->setMemoryFraction(1.5, 0), c10::ValueError);
 }
 
+// Note [Expandable segments overshoot the fraction] (hooks/cuda_allocator.cc): expandable
+// segments map whole large pages after checking the fraction, so the fraction leaves one below
+// the budget; cudaMalloc segments get the budget itself.
+TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
+  namespace cac = c10::CachingAllocator;
+  ASSERT_FALSE(cac::AcceleratorAllocatorConfig::use_expandable_segments());
+  cac::setAllocatorSettings("expandable_segments:True,large_segment_size_mb:32");
+  auto a = Make(4 * kGiB);
+  c10::DataPtr p = a->allocate(10);
+  cac::setAllocatorSettings("expandable_segments:False,large_segment_size_mb:20");
+  const double expected = double(4 * kGiB - 32 * kMiB) / double(kDeviceTotal);
+  EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
+  a->setMemoryFraction(0.5, 0);  // re-applied without expandable segments: the budget itself
+  EXPECT_EQ(native_.Last(), "setMemoryFraction(0.25,0)");
+}
+
 TEST_F(NativeTest, FractionalBudget) {
   auto a = Make(0, 0.6);
   c10::DataPtr p = a->allocate(10);
