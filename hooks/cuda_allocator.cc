@@ -418,26 +418,40 @@ c10::DataPtr CudaAllocatorAdapter::AllocateNative(Device& d, size_t n) {
   const size_t need = RoundNative(n);
   const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
   auto allocated = [&] { return size_t(native().getDeviceStats(d.index).allocated_bytes[agg].current); };
+  // Note [Why nothing was evicted]
+  // An out-of-memory error under a budget says whether dtr evicted what it could. When it freed
+  // nothing for the request it says why: the request cannot fit beside the unevictable bytes,
+  // eviction is off, dtr is paused, a graph capture is under way, the engine lock belongs to a
+  // parallel region's owner, or nothing on the device was left to evict. (A run on an H200 with
+  // expandable segments failed in its first backward pass with 768 MiB evictable and nothing
+  // evicted, under a message claiming everything had been: 2026-11-28, cause not found.)
+  const char* not_evicted = opts_.evict ? nullptr : "eviction is off (DTR_EVICT=0)";
+  if (opts_.evict && ev == nullptr) not_evicted = "dtr's engine is not attached to this allocator";
   // A request that cannot fit beside what can never be evicted fails without evicting anything.
-  if (ev != nullptr && budgeted && need + ev->UnevictableBytes(d.index) > d.budget) ev = nullptr;
+  if (ev != nullptr && budgeted && need + ev->UnevictableBytes(d.index) > d.budget) {
+    ev = nullptr;
+    not_evicted = "the request does not fit beside the bytes no eviction can free";
+  }
   // A request that cannot fit even with a perfectly packed cache: evict before asking.
   if (ev != nullptr && budgeted && n > 0 && allocated() + need > d.budget)
-    ev->EvictOnDevice(d.index, [&] { return allocated() + need <= d.budget; });
+    (void)ev->EvictOnDevice(d.index, [&] { return allocated() + need <= d.budget; });
   for (;;) {
     try {
       return native().allocate(n);
     } catch (const c10::OutOfMemoryError& e) {
       // The native allocator already released its cached blocks and retried: what is left is
       // held by tensors. Evict at least one request's worth more (fragmentation) and retry.
-      size_t freed = 0;
+      CudaEvictor::Eviction more{0, not_evicted};
       if (ev != nullptr) {
         const size_t before = allocated();
-        freed = ev->EvictOnDevice(d.index, [&] {
+        more = ev->EvictOnDevice(d.index, [&] {
           const size_t now = allocated();
           return now < before && before - now >= need;
         });
       }
-      if (freed == 0) ThrowOom(d.index, n, e.what_without_backtrace());
+      if (more.bytes_freed == 0)
+        ThrowOom(d.index, n, e.what_without_backtrace(),
+                 more.stopped_because == CudaEvictor::kNothingLeftToEvict ? nullptr : more.stopped_because);
     }
   }
 }
@@ -463,14 +477,18 @@ void* CudaAllocatorAdapter::AllocateDtr(Device& d, size_t n, cudaStream_t stream
   ThrowOom(d.index, n, std::string(p.status().message()));
 }
 
-void CudaAllocatorAdapter::ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why) {
+void CudaAllocatorAdapter::ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why,
+                                    const char* not_evicted) {
   t_unrecovered_oom_bytes = std::max<size_t>(n, 1);  // Note [Recovered out-of-memory errors]
   t_unrecovered_oom_adapter = oom_id_;
   std::string account;
   if (CudaEvictor* ev = evictor()) account = absl::StrCat(" dtr: ", ev->Breakdown(), ".");
+  // Note [Why nothing was evicted]
+  const std::string evicted = not_evicted == nullptr
+                                  ? std::string(" even after evicting every evictable tensor.")
+                                  : absl::StrCat("; dtr evicted nothing for it: ", not_evicted, ".");
   TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: CUDA out of memory on ", DeviceName(device), " under DTR_BUDGET=",
-                   budget_.ToString(), ": cannot allocate ", FormatBytes(n),
-                   " even after evicting every evictable tensor.", account, " Allocator: ", why);
+                   budget_.ToString(), ": cannot allocate ", FormatBytes(n), evicted, account, " Allocator: ", why);
 }
 
 c10::DeleterFnPtr CudaAllocatorAdapter::raw_deleter() const { return &CudaDataDeleter; }

@@ -77,9 +77,17 @@ CudaPlatform MakeCudaPlatform();
 class CudaEvictor {
  public:
   virtual ~CudaEvictor() = default;
+  // What an eviction for the native backend did: the bytes it freed and, when it stopped before
+  // `enough()` held, why (a static string; kNothingLeftToEvict when no storage on the device was
+  // left to evict). An out-of-memory message says it (Note [Why nothing was evicted]).
+  struct Eviction {
+    size_t bytes_freed = 0;
+    const char* stopped_because = nullptr;
+  };
+  static constexpr const char* kNothingLeftToEvict = "nothing on the device was left to evict";
   // Native backend: evicts storages resident on `device` until `enough()` holds or nothing on the
-  // device is evictable; returns the bytes freed. `enough` reads the native allocator's stats.
-  virtual size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) = 0;
+  // device is evictable. `enough` reads the native allocator's stats.
+  virtual Eviction EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) = 0;
   // dtr backend: the EvictionHandler for `device`'s caching allocator (not owned).
   virtual alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) = 0;
   // Bytes on `device` that no eviction can free (pinned, constants, locked): a request that does
@@ -222,7 +230,10 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   c10::DataPtr AllocateTracked(size_t n);
   c10::DataPtr AllocateNative(Device& d, size_t n);
   void* AllocateDtr(Device& d, size_t n, cudaStream_t stream);
-  [[noreturn]] void ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why);
+  // `not_evicted`: why dtr freed nothing for this request (Note [Why nothing was evicted]); null
+  // when it evicted all it could.
+  [[noreturn]] void ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why,
+                             const char* not_evicted = nullptr);
   void NoteRecoveredOom(size_t n);
   static uint64_t NextOomId();
   const uint64_t oom_id_ = NextOomId();

@@ -711,19 +711,35 @@ Entry* Engine::ResidentEntryOn(const Runtime::Candidate& c, int cuda_device) {
   return e;
 }
 
-bool Engine::EvictNextVictimOn(int cuda_device, size_t* bytes) {
+namespace {
+constexpr const char* kVictimRefused = "the runtime refused to evict the victim it chose (an internal error)";
+// The CUDA adapter compares the pointer (Note [Why nothing was evicted]).
+#if DTR_WITH_CUDA
+const char* const kNothingLeft = CudaEvictor::kNothingLeftToEvict;
+#else
+const char* const kNothingLeft = "nothing on the device was left to evict";
+#endif
+}  // namespace
+
+bool Engine::EvictNextVictimOn(int cuda_device, size_t* bytes, const char** why) {
   std::optional<Runtime::Candidate> next = rt_->NextVictim();
-  if (!next) return false;
+  if (!next) {
+    if (why != nullptr) *why = kNothingLeft;
+    return false;
+  }
   Entry* e = ResidentEntryOn(*next, cuda_device);
-  if (e == nullptr) return EvictRankedOn(cuda_device, nullptr, nullptr, bytes);
+  if (e == nullptr) return EvictRankedOn(cuda_device, nullptr, nullptr, bytes, why);
   const size_t size = e->slot->bytes;
-  if (!rt_->Evict(next->id).ok()) return false;
+  if (!rt_->Evict(next->id).ok()) {
+    if (why != nullptr) *why = kVictimRefused;
+    return false;
+  }
   *bytes = size;
   return true;
 }
 
 bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request,
-                           size_t* bytes) {
+                           size_t* bytes, const char** why) {
   // The runtime ranks its lowest-scored storages (a sample, Note [Ranked candidates]); a ranking
   // with nothing on this device asks for the whole pool once before giving up.
   for (size_t k : {size_t{32}, kWholePool}) {
@@ -742,10 +758,14 @@ bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const al
           alloc::FragmentationAwareEvictionStrategy::ChooseFirst(*a, *request, candidates);
       chosen = size_t(first - candidates.data());
     }
-    if (!rt_->Evict(storages[chosen].first).ok()) return false;
+    if (!rt_->Evict(storages[chosen].first).ok()) {
+      if (why != nullptr) *why = kVictimRefused;
+      return false;
+    }
     *bytes = storages[chosen].second;
     return true;
   }
+  if (why != nullptr) *why = kNothingLeft;
   return false;
 }
 
@@ -819,18 +839,32 @@ alloc::EvictionHandler* Engine::HandlerFor(c10::DeviceIndex device, alloc::Cachi
 
 // The native backend's eviction (Note [Two CUDA backends], cuda_allocator.cc): the native
 // allocator cannot tell which frees would coalesce, so victims go in the runtime's score order.
-size_t Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) {
+CudaEvictor::Eviction Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) {
+  Eviction done;
   std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
-  if (!l.owns_lock() || paused() || CaptureUnderway()) return 0;
+  // Note [Why nothing was evicted]
+  if (!l.owns_lock()) {
+    done.stopped_because = "the engine lock belongs to the thread that owns this parallel region";
+    return done;
+  }
+  if (paused()) {
+    done.stopped_because = "dtr is paused (dtr.disable(), or a fork while another thread was inside dtr)";
+    return done;
+  }
+  if (CaptureUnderway()) {
+    done.stopped_because =
+        "a CUDA graph capture (or, before torch 2.13, a private memory pool) is under way, and dtr evicts nothing "
+        "then (Note [No replay during graph capture])";
+    return done;
+  }
   Busy b(this);
   SearchClock search_clock(this);
-  size_t freed = 0;
   while (!enough()) {  // Note [One victim at a time]
     size_t bytes = 0;
-    if (!EvictNextVictimOn(int(device), &bytes)) break;
-    freed += bytes;
+    if (!EvictNextVictimOn(int(device), &bytes, &done.stopped_because)) return done;
+    done.bytes_freed += bytes;
   }
-  return freed;
+  return done;
 }
 
 void Engine::NoteCudaUse(Slot* s) { cuda_->NoteUse(s, cuda_->CurrentStream()); }

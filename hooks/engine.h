@@ -132,10 +132,12 @@ class Engine final : public ReplayBackend,
   // Note [One victim at a time]: each evicts one storage on `cuda_device` (-1: host) and sets
   // *bytes to its size; false when none there can be evicted. EvictRankedOn lets `a`, when
   // given, prefer a victim whose block makes `request` fit.
-  bool EvictNextVictimOn(int cuda_device, size_t* bytes);
+  // When one returns false, *why (if given) says why (Note [Why nothing was evicted]).
+  bool EvictNextVictimOn(int cuda_device, size_t* bytes, const char** why = nullptr);
   // The entry of a candidate whose memory lives on `cuda_device` (-1: host), else nullptr.
   Entry* ResidentEntryOn(const Runtime::Candidate& c, int cuda_device);
-  bool EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request, size_t* bytes);
+  bool EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const alloc::EvictionRequest* request, size_t* bytes,
+                     const char** why = nullptr);
   ManagedDevice managed() const { return managed_; }
 
 #if DTR_WITH_CUDA
@@ -143,7 +145,7 @@ class Engine final : public ReplayBackend,
   // Manages CUDA tensors through `cuda`, timing op costs with CUDA events (Note [Deferred op
   // costs]); `events` is owned from then on.
   void AttachCuda(CudaAllocatorAdapter* cuda, std::unique_ptr<CostEventSource> events);
-  size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override;
+  Eviction EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override;
   alloc::EvictionHandler* HandlerFor(c10::DeviceIndex device, alloc::CachingAllocator* a) override;
   size_t UnevictableBytes(c10::DeviceIndex device) override;
 #endif

@@ -250,14 +250,20 @@ class FakeEvictor final : public CudaEvictor {
   size_t unevictable = 0;
   size_t UnevictableBytes(c10::DeviceIndex) override { return unevictable; }
 
-  size_t EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override {
+  const char* refuse = nullptr;  // set: evicts nothing, giving this reason (the engine paused, ...)
+  Eviction EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override {
     ++native_calls;
-    size_t freed = 0;
+    Eviction done;
+    if (refuse != nullptr) {
+      done.stopped_because = refuse;
+      return done;
+    }
     while (!enough() && !held.empty()) {
-      freed += held.front().get() ? 1 : 0;
+      done.bytes_freed += held.front().get() ? 1 : 0;
       held.erase(held.begin());
     }
-    return freed;
+    if (!enough()) done.stopped_because = kNothingLeftToEvict;
+    return done;
   }
   struct Handler final : alloc::EvictionHandler {
     FakeEvictor* ev;
@@ -532,9 +538,51 @@ TEST_F(NativeTest, OutOfMemoryWhenNothingIsEvictable) {
     FAIL() << "no error";
   } catch (const c10::OutOfMemoryError& e) {
     EXPECT_THAT(e.what(), HasSubstr("dtr: CUDA out of memory on cuda:0 under DTR_BUDGET=8.00 MiB"));
+    EXPECT_THAT(e.what(), HasSubstr("even after evicting every evictable tensor"));
     EXPECT_THAT(e.what(), HasSubstr("fake breakdown"));
     EXPECT_THAT(e.what(), HasSubstr("CUDA out of memory (fake)"));
   }
+}
+
+// Note [Why nothing was evicted]: an error after which evictable tensors are still there says
+// why dtr evicted none of them, instead of claiming it evicted everything.
+TEST_F(NativeTest, OutOfMemoryWithoutEvictingSaysWhy) {
+  auto a = Make(8 * kMiB);
+  native_.cap = 8 * kMiB;
+  for (int i = 0; i < 6; ++i) evictor_.held.push_back(a->allocate(kMiB));
+  evictor_.refuse = "dtr is paused (fake)";
+  try {
+    a->allocate(4 * kMiB);
+    FAIL() << "no error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot allocate 4.00 MiB (4194304 bytes); dtr evicted nothing for it: "
+                                    "dtr is paused (fake)."));
+    EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("even after evicting")));
+  }
+  EXPECT_EQ(evictor_.held.size(), 6u);
+  evictor_.unevictable = 5 * kMiB;  // the request can never fit: not even tried
+  try {
+    a->allocate(4 * kMiB);
+    FAIL() << "no error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("dtr evicted nothing for it: the request does not fit beside the bytes no "
+                                    "eviction can free."));
+  }
+}
+
+TEST_F(NativeTest, OutOfMemoryWithEvictionOffSaysSo) {
+  CudaAllocatorAdapter::Options o = Opts(CudaBackendKind::kNative, 8 * kMiB);
+  o.evict = false;
+  auto a = Keep(std::make_unique<CudaAllocatorAdapter>(o, cuda_.Platform(), &native_));
+  native_.cap = 8 * kMiB;
+  c10::DataPtr keep = a->allocate(6 * kMiB);
+  try {
+    a->allocate(4 * kMiB);
+    FAIL() << "no error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("dtr evicted nothing for it: eviction is off (DTR_EVICT=0)."));
+  }
+  EXPECT_EQ(evictor_.native_calls, 0);
 }
 
 // Note [Recovered out-of-memory errors]: cuDNN catches the error for a plan's workspace and runs
