@@ -25,6 +25,10 @@ class EvictedComponents {
 
   Node MakeSet(double cost);
   Node Find(Node n) const;  // path halving through a mutable parent array
+  // Starts loading n's parent link, where a Find begins (Note [Prefetched neighborhoods]).
+  void Prefetch(Node n) const {
+    if (n < parent_.size()) __builtin_prefetch(&parent_[n]);
+  }
   // Unions the sets of a and b; returns the new root.
   Node Union(Node a, Node b);
   double Cost(Node n) const { return cost_[Find(n)]; }

@@ -205,9 +205,52 @@ double Runtime::ScoreOf(StorageId id) {
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
+// Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would
+// not stay in the cache until scored), and so are a few thousand records, which the cache holds.
+static constexpr size_t kMaxPrefetchedCandidates = 256;
+static constexpr size_t kMinStoragesToPrefetch = 8192;
 
 static bool Skipped(const PoolEntry& e) {
   return e.flags & (PoolEntry::kLocked | PoolEntry::kAwaitsReader | PoolEntry::kAwaited);
+}
+
+// Note [Prefetched neighborhoods]
+// A union-find neighborhood cost (dtr-eq) reads, for each evicted-neighbor candidate, its recipe
+// and reader ops, their inputs' and outputs' records, and each evicted one's component: three
+// dependent loads per neighbor, each a cache miss once the records outgrow the cache, one
+// after another. A sampled search's candidates are independent, so their loads can overlap:
+// before scoring, one pass starts loading every such candidate's ops, a second their
+// neighbors' records, a third the evicted neighbors' union-find links. Loads only: the scores,
+// and so the decisions, are the same. runtime_bench, recording an op that evicts, dtr-eq (AMD
+// EPYC, 2026-11-28, runs interleaved with the build before): at 1e5 storages 20-23 us -> 13-15
+// us, at 1e6 23-29 us -> 17-22 us; at 1e3, where the records fit in the cache, the passes cost
+// more than they save (about 1 us), so small runtimes skip them. dtr's walks (the default
+// heuristic) gained nothing and lost at 1e6 (14.6 -> 18-19 us): most of their candidates are
+// cut before any walk, so their loads would be wasted; they are not prefetched.
+void Runtime::PrefetchNeighborhoods() const {
+  for (const Drawn& c : candidates_) {
+    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
+    const StorageRecord& r = storages_[c.entry.id];
+    for (OpId op : r.recipe) ops_.Prefetch(op);
+    for (OpId op : r.readers) ops_.Prefetch(op);
+  }
+  for (const Drawn& c : candidates_) {
+    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
+    const StorageRecord& r = storages_[c.entry.id];
+    for (OpId op : r.recipe)
+      if (const OpRecord* o = ops_.Find(op))
+        for (StorageId in : o->inputs) storages_.Prefetch(in);
+    for (OpId op : r.readers)
+      if (const OpRecord* o = ops_.Find(op))
+        for (StorageId out : o->outputs) storages_.Prefetch(out);
+  }
+  for (const Drawn& c : candidates_) {
+    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
+    ForEachNeighbor(c.entry.id, [&](StorageId n) {
+      const StorageRecord& r = storages_[n];
+      if (!r.resident()) components_.Prefetch(r.component);
+    });
+  }
 }
 
 void Runtime::ScoreCandidates(size_t keep, double small) {
@@ -216,6 +259,9 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves, and
   // so would ordering candidates whose neighborhood costs take no walk.
   if (!NeighborhoodWalks() || !config_.cut_losing_walks || keep > kMaxKeptForCutting) {
+    if (neighborhood_ == NeighborhoodKind::kUnionFind && count <= kMaxPrefetchedCandidates &&
+        storages_.size() >= kMinStoragesToPrefetch)
+      PrefetchNeighborhoods();
     for (size_t i = 0; i < count; ++i)
       if (!Skipped(candidates_[i].entry)) candidate_scores_[i] = ScoreUnchecked(candidates_[i].entry);
     return;

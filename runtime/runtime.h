@@ -267,6 +267,9 @@ class Runtime {
   // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
   // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]).
   void ScoreCandidates(size_t keep, double small);
+  // Starts loading what the union-find neighborhood costs of the sampled candidates will read
+  // (Note [Prefetched neighborhoods]).
+  void PrefetchNeighborhoods() const;
   // Fills candidates_ for one search: the whole pool, or in sampled mode (when the sample is
   // smaller than the pool) the carried runners-up and a fresh sample; returns whether sampled.
   bool DrawCandidates();
