@@ -453,6 +453,9 @@ def main():
         # CUDA kernel warns instead of stopping the sweep.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # ... without its NaN fill of every new tensor: a kernel per allocation, which would
+        # weigh on these launch-bound steps' times and does not change a result.
+        torch.utils.deterministic.fill_uninitialized_memory = False
         torch.backends.cudnn.benchmark = False
     {"blocks": cmd_blocks, "trace": cmd_trace, "profile": cmd_profile}[args.cmd](args)
 

@@ -28,6 +28,8 @@
 #include "hooks/cuda_allocator.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 
@@ -186,6 +188,9 @@ struct CudaAllocatorAdapter::Device {
   double user_fraction = -1;  // set_per_process_memory_fraction; < 0: never set
   bool fraction_applied = false;
   bool fraction_ever_set = false;  // native: a fraction below 1 was given to the allocator
+  // native: what the fraction caps reserved bytes at, the budget less the headroom of Note
+  // [Expandable segments overshoot the fraction]; the eviction checks compare with it.
+  std::atomic<size_t> native_cap{std::numeric_limits<size_t>::max()};
   // dtr backend
   std::unique_ptr<alloc::DeviceMemoryBackend> backend;
   std::unique_ptr<alloc::CachingAllocator> alloc;
@@ -298,15 +303,32 @@ void CudaAllocatorAdapter::Refuse(const char* what) const {
 // up to one large page above the fraction: on an H200 a Transformer under a 1133 MiB budget
 // reached 1146 MiB reserved (2026-11-28, torch 2.11). With cudaMalloc segments the check is
 // exact. So with expandable segments the fraction leaves one large page of headroom below the
-// budget, and DTR_BUDGET stays a hard cap on reserved memory. Read when the fraction is applied:
-// turning expandable segments on later (torch.cuda.memory._set_allocator_settings) takes effect
-// at the next budget or fraction change.
+// budget, and DTR_BUDGET stays a hard cap on reserved memory; the checks that decide when to
+// evict compare with that cap too (Device::native_cap), and a budget not above one page is
+// refused with an error saying so. Read when the fraction is applied: turning expandable
+// segments on later (torch.cuda.memory._set_allocator_settings) takes effect at the next budget
+// or fraction change.
 namespace {
+// 0 without expandable segments. From torch 2.13 the allocator's own settings say (set from
+// PYTORCH_CUDA_ALLOC_CONF or torch.cuda.memory._set_allocator_settings) and the large page size
+// is configurable; before, the environment says and the page is 20 MiB.
 size_t NativeMappingHeadroom() {
+#if DTR_TORCH_AT_LEAST(2, 13)
   namespace cac = c10::CachingAllocator;
   return cac::AcceleratorAllocatorConfig::use_expandable_segments()
              ? std::max(cac::AcceleratorAllocatorConfig::large_segment_size(), cac::kSmallBuffer)
              : 0;
+#else
+  for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+    const char* conf = std::getenv(var);
+    if (conf == nullptr) continue;
+    std::string c(conf);
+    std::transform(c.begin(), c.end(), c.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    c.erase(std::remove_if(c.begin(), c.end(), [](unsigned char ch) { return std::isspace(ch); }), c.end());
+    if (c.find("expandable_segments:true") != std::string::npos) return size_t{20} << 20;
+  }
+  return 0;
+#endif
 }
 }  // namespace
 
@@ -328,15 +350,22 @@ void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
   }
   if (!native().initialized()) return;  // applied at the first allocation instead
   const bool unlimited = budget == std::numeric_limits<size_t>::max() && user < 0;
+  size_t cap = budget;
   if (!unlimited || ever) {
     fraction = user < 0 ? 1.0 : user;
     if (total > 0 && budget < total) {
       const size_t headroom = NativeMappingHeadroom();  // Note [Expandable segments overshoot the fraction]
-      const size_t cap = budget > headroom ? budget - headroom : 0;
+      TORCH_CHECK_WITH(OutOfMemoryError, budget > headroom, "dtr: DTR_BUDGET=", budget_.ToString(),
+                       " leaves no room under PyTorch's expandable segments, which map memory in pages of ",
+                       FormatBytes(headroom), ": dtr keeps one page below the budget so that it is never exceeded",
+                       " (Note [Expandable segments overshoot the fraction]). Give a budget above ",
+                       FormatBytes(headroom), ", or turn expandable segments off in PYTORCH_CUDA_ALLOC_CONF.");
+      cap = budget - headroom;
       fraction = std::min(fraction, double(cap) / double(total));
     }
     native().setMemoryFraction(fraction, d.index);
   }
+  d.native_cap.store(cap, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);
   d.fraction_applied = true;
   d.fraction_ever_set = d.fraction_ever_set || !unlimited;
@@ -427,14 +456,17 @@ c10::DataPtr CudaAllocatorAdapter::AllocateNative(Device& d, size_t n) {
   // evicted, under a message claiming everything had been: 2026-11-28, cause not found.)
   const char* not_evicted = opts_.evict ? nullptr : "eviction is off (DTR_EVICT=0)";
   if (opts_.evict && ev == nullptr) not_evicted = "dtr's engine is not attached to this allocator";
+  // What the native fraction lets it reserve: the budget, less a page with expandable segments.
+  const size_t cap = std::min(d.budget, d.native_cap.load(std::memory_order_relaxed));
   // A request that cannot fit beside what can never be evicted fails without evicting anything.
-  if (ev != nullptr && budgeted && need + ev->UnevictableBytes(d.index) > d.budget) {
+  if (ev != nullptr && budgeted && need + ev->UnevictableBytes(d.index) > cap) {
     ev = nullptr;
     not_evicted = "the request does not fit beside the bytes no eviction can free";
   }
+  size_t freed = 0;  // for this request, over every round
   // A request that cannot fit even with a perfectly packed cache: evict before asking.
-  if (ev != nullptr && budgeted && n > 0 && allocated() + need > d.budget)
-    (void)ev->EvictOnDevice(d.index, [&] { return allocated() + need <= d.budget; });
+  if (ev != nullptr && budgeted && n > 0 && allocated() + need > cap)
+    freed += ev->EvictOnDevice(d.index, [&] { return allocated() + need <= cap; }).bytes_freed;
   for (;;) {
     try {
       return native().allocate(n);
@@ -448,10 +480,15 @@ c10::DataPtr CudaAllocatorAdapter::AllocateNative(Device& d, size_t n) {
           const size_t now = allocated();
           return now < before && before - now >= need;
         });
+        // Nothing evicted and no reason: another thread freed a request's worth meanwhile.
+        if (more.bytes_freed == 0 && more.stopped_because == nullptr) continue;
       }
-      if (more.bytes_freed == 0)
-        ThrowOom(d.index, n, e.what_without_backtrace(),
-                 more.stopped_because == CudaEvictor::kNothingLeftToEvict ? nullptr : more.stopped_because);
+      if (more.bytes_freed == 0) {
+        // Note [Why nothing was evicted]: the message claims everything was evicted only when it was.
+        const char* why = more.stopped_because == CudaEvictor::kNothingLeftToEvict ? nullptr : more.stopped_because;
+        ThrowOom(d.index, n, e.what_without_backtrace(), why, freed);
+      }
+      freed += more.bytes_freed;
     }
   }
 }
@@ -478,15 +515,16 @@ void* CudaAllocatorAdapter::AllocateDtr(Device& d, size_t n, cudaStream_t stream
 }
 
 void CudaAllocatorAdapter::ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why,
-                                    const char* not_evicted) {
+                                    const char* not_evicted, size_t freed) {
   t_unrecovered_oom_bytes = std::max<size_t>(n, 1);  // Note [Recovered out-of-memory errors]
   t_unrecovered_oom_adapter = oom_id_;
   std::string account;
   if (CudaEvictor* ev = evictor()) account = absl::StrCat(" dtr: ", ev->Breakdown(), ".");
   // Note [Why nothing was evicted]
-  const std::string evicted = not_evicted == nullptr
-                                  ? std::string(" even after evicting every evictable tensor.")
-                                  : absl::StrCat("; dtr evicted nothing for it: ", not_evicted, ".");
+  std::string evicted = " even after evicting every evictable tensor.";
+  if (not_evicted != nullptr)
+    evicted = freed == 0 ? absl::StrCat("; dtr evicted nothing for it: ", not_evicted, ".")
+                         : absl::StrCat("; dtr evicted ", FormatBytes(freed), " for it, then stopped: ", not_evicted, ".");
   TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: CUDA out of memory on ", DeviceName(device), " under DTR_BUDGET=",
                    budget_.ToString(), ": cannot allocate ", FormatBytes(n), evicted, account, " Allocator: ", why);
 }

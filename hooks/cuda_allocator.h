@@ -84,7 +84,9 @@ class CudaEvictor {
     size_t bytes_freed = 0;
     const char* stopped_because = nullptr;
   };
-  static constexpr const char* kNothingLeftToEvict = "nothing on the device was left to evict";
+  // An array, so that every translation unit sees one address (a pointer's value would be the
+  // address of a string literal, which compilers may or may not merge).
+  static constexpr char kNothingLeftToEvict[] = "nothing on the device was left to evict";
   // Native backend: evicts storages resident on `device` until `enough()` holds or nothing on the
   // device is evictable. `enough` reads the native allocator's stats.
   virtual Eviction EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) = 0;
@@ -230,10 +232,10 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   c10::DataPtr AllocateTracked(size_t n);
   c10::DataPtr AllocateNative(Device& d, size_t n);
   void* AllocateDtr(Device& d, size_t n, cudaStream_t stream);
-  // `not_evicted`: why dtr freed nothing for this request (Note [Why nothing was evicted]); null
-  // when it evicted all it could.
+  // `not_evicted`: why dtr stopped evicting for this request, after freeing `freed` bytes for it
+  // (Note [Why nothing was evicted]); null when it evicted all it could.
   [[noreturn]] void ThrowOom(c10::DeviceIndex device, size_t n, const std::string& why,
-                             const char* not_evicted = nullptr);
+                             const char* not_evicted = nullptr, size_t freed = 0);
   void NoteRecoveredOom(size_t n);
   static uint64_t NextOomId();
   const uint64_t oom_id_ = NextOomId();

@@ -844,7 +844,7 @@ CudaEvictor::Eviction Engine::EvictOnDevice(c10::DeviceIndex device, const std::
   std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
   // Note [Why nothing was evicted]
   if (!l.owns_lock()) {
-    done.stopped_because = "the engine lock belongs to the thread that owns this parallel region";
+    done.stopped_because = "inside a parallel region, the engine lock was held by another thread";
     return done;
   }
   if (paused()) {

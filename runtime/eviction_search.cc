@@ -222,9 +222,9 @@ static bool Skipped(const PoolEntry& e) {
 // before scoring, one pass starts loading every such candidate's ops, a second their
 // neighbors' records, a third the evicted neighbors' union-find links. Loads only: the scores,
 // and so the decisions, are the same. runtime_bench, recording an op that evicts, dtr-eq (AMD
-// EPYC, 2026-11-28, runs interleaved with the build before): at 1e5 storages 20-23 us -> 13-15
-// us, at 1e6 23-29 us -> 17-22 us; at 1e3, where the records fit in the cache, the passes cost
-// more than they save (about 1 us), so small runtimes skip them. dtr's walks (the default
+// EPYC, 2026-11-28, runs interleaved with the build before; bench/results/runtime.md): at 1e5
+// storages 21-24 us -> 13-15 us, at 1e6 27-29 us -> 23-24 us; at 1e3, where the records fit in
+// the cache, the passes cost more than they save (about 1 us), so small runtimes skip them. dtr's walks (the default
 // heuristic) gained nothing and lost at 1e6 (14.6 -> 18-19 us): most of their candidates are
 // cut before any walk, so their loads would be wasted; they are not prefetched.
 void Runtime::PrefetchNeighborhoods() const {

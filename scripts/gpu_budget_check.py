@@ -119,12 +119,14 @@ def sweep(args):
         report[model] = {"plain": plain, "dtr_unbudgeted": ref, "budgets": []}
         if not (plain.get("ok") and ref.get("ok")):
             rows.append(f"| {model} | - | plain or unbudgeted dtr failed: {plain.get('error') or ref.get('error')} |")
+            save(args.out, rows, report)
             continue
         peak = plain["max_reserved"]
         rows.append(f"| {model} | plain | {plain['ms_per_step']:.2f} ms | 1.00x | {peak / 2**20:.0f} MiB | - | - |")
         rows.append(f"| {model} | dtr, no budget | {ref['ms_per_step']:.2f} ms | "
                     f"{ref['ms_per_step'] / plain['ms_per_step']:.2f}x | {ref['max_reserved'] / 2**20:.0f} MiB | - | "
                     f"{'yes' if ref['losses'] == plain['losses'] else 'NO'} (vs plain) |")
+        save(args.out, rows, report)
         for frac in args.fractions:
             budget = int(peak * frac)
             r = run(model, args.steps, args.warmup, budget=budget, cuda_allocator=args.cuda_allocator)
@@ -157,10 +159,11 @@ def save(out, rows, report):
     table = ("| model | run | time/step | vs plain | max reserved | evictions/remats | bit-identical |\n"
              "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "budget_sweep.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(out, "budget_sweep.md"), "w") as f:
-        f.write(table + "\n")
+    for name, text in (("budget_sweep.json", json.dumps(report, indent=1)), ("budget_sweep.md", table + "\n")):
+        # Whole files only: a sweep killed at its deadline while writing keeps the last ones.
+        with open(os.path.join(out, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
     return table
 
 

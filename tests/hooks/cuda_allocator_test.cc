@@ -3,6 +3,7 @@
 // against alloc::FakeBackend devices, slots, budgets, eviction-and-retry, refusals, and a fuzzer.
 #include "hooks/cuda_allocator.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -251,10 +253,11 @@ class FakeEvictor final : public CudaEvictor {
   size_t UnevictableBytes(c10::DeviceIndex) override { return unevictable; }
 
   const char* refuse = nullptr;  // set: evicts nothing, giving this reason (the engine paused, ...)
+  int refuse_after_calls = 0;    // ... once this many calls have evicted
   Eviction EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) override {
     ++native_calls;
     Eviction done;
-    if (refuse != nullptr) {
+    if (refuse != nullptr && native_calls > refuse_after_calls) {
       done.stopped_because = refuse;
       return done;
     }
@@ -475,20 +478,64 @@ TEST_F(NativeTest, BudgetBecomesTheMemoryFractionAndTheSmallerFractionWins) {
 }
 
 // Note [Expandable segments overshoot the fraction] (hooks/cuda_allocator.cc): expandable
-// segments map whole large pages after checking the fraction, so the fraction leaves one below
-// the budget; cudaMalloc segments get the budget itself.
-TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
-  namespace cac = c10::CachingAllocator;
-  ASSERT_FALSE(cac::AcceleratorAllocatorConfig::use_expandable_segments());
-  cac::setAllocatorSettings("expandable_segments:True,large_segment_size_mb:32");
-  auto a = Make(4 * kGiB);
-  c10::DataPtr p = a->allocate(10);
-  cac::setAllocatorSettings("expandable_segments:False,large_segment_size_mb:20");
-  const double expected = double(4 * kGiB - 32 * kMiB) / double(kDeviceTotal);
-  EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
-  a->setMemoryFraction(0.5, 0);  // re-applied without expandable segments: the budget itself
-  EXPECT_EQ(native_.Last(), "setMemoryFraction(0.25,0)");
+// segments map whole large pages after checking the fraction, so the fraction, and the checks
+// that decide when to evict, leave one page below the budget; cudaMalloc segments get the
+// budget itself. The allocator settings are process-wide: each test restores them.
+#if DTR_TORCH_AT_LEAST(2, 13)
+class ExpandableSegments {
+ public:
+  explicit ExpandableSegments(int page_mb) {
+    c10::CachingAllocator::setAllocatorSettings(
+        absl::StrCat("expandable_segments:True,large_segment_size_mb:", page_mb));
+  }
+  ~ExpandableSegments() { c10::CachingAllocator::setAllocatorSettings("expandable_segments:False,large_segment_size_mb:20"); }
+};
+
+bool ExpandableSegmentsAlreadyOn() {
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
 }
+
+TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  {
+    ExpandableSegments on(32);
+    auto a = Make(4 * kGiB);
+    c10::DataPtr p = a->allocate(10);
+    const double expected = double(4 * kGiB - 32 * kMiB) / double(kDeviceTotal);
+    EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
+  }
+  auto a = Make(4 * kGiB);  // without them: the budget itself
+  c10::DataPtr p = a->allocate(10);
+  EXPECT_EQ(native_.Last(), "allocate(10)");
+  EXPECT_THAT(native_.calls, ::testing::Contains("setMemoryFraction(0.25,0)"));
+}
+
+TEST_F(NativeTest, UnderExpandableSegmentsEvictionMakesRoomBelowTheLastPage) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  ExpandableSegments on(20);
+  auto a = Make(64 * kMiB);
+  native_.cap = 44 * kMiB;  // what the fraction allows: the budget less one 20 MiB page
+  for (int i = 0; i < 40; ++i) evictor_.held.push_back(a->allocate(kMiB));
+  // 40 + 8 fits the budget but not the fraction: evict first, not after a failed request.
+  c10::DataPtr big = a->allocate(8 * kMiB);
+  EXPECT_NE(big.get(), nullptr);
+  EXPECT_EQ(std::count(native_.calls.begin(), native_.calls.end(), "allocate(8388608)"), 1);
+  EXPECT_EQ(evictor_.held.size(), 36u);
+}
+
+TEST_F(NativeTest, ABudgetNotAboveOneExpandablePageIsRefused) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  ExpandableSegments on(20);
+  auto a = Make(16 * kMiB);
+  try {
+    a->allocate(10);
+    FAIL() << "no error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("leaves no room under PyTorch's expandable segments, which map memory in pages "
+                                    "of 20.00 MiB"));
+  }
+}
+#endif
 
 TEST_F(NativeTest, FractionalBudget) {
   auto a = Make(0, 0.6);
@@ -567,6 +614,21 @@ TEST_F(NativeTest, OutOfMemoryWithoutEvictingSaysWhy) {
   } catch (const c10::OutOfMemoryError& e) {
     EXPECT_THAT(e.what(), HasSubstr("dtr evicted nothing for it: the request does not fit beside the bytes no "
                                     "eviction can free."));
+  }
+}
+
+TEST_F(NativeTest, AStopAfterSomeEvictionsSaysHowMuchWasFreed) {
+  auto a = Make(8 * kMiB);
+  native_.cap = 8 * kMiB;
+  for (int i = 0; i < 6; ++i) evictor_.held.push_back(a->allocate(kMiB));
+  native_.fail_next = 1;  // the first try fails after the evictions (fragmentation)
+  evictor_.refuse_after_calls = 1;  // then the engine stops: say, another thread paused dtr
+  evictor_.refuse = "dtr is paused (fake)";
+  try {
+    a->allocate(4 * kMiB);
+    FAIL() << "no error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("dtr evicted 2 B for it, then stopped: dtr is paused (fake)."));
   }
 }
 
