@@ -33,7 +33,9 @@
 #include <cstdio>
 #include <limits>
 
+#if DTR_TORCH_AT_LEAST(2, 13)  // NativeMappingHeadroom: the allocator settings (read in 2.13 and 2.14)
 #include <c10/core/AllocatorConfig.h>
+#endif
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#if DTR_TORCH_AT_LEAST(2, 13)
 #include <c10/core/AllocatorConfig.h>
+#endif
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
