@@ -712,6 +712,11 @@ Entry* Engine::ResidentEntryOn(const Runtime::Candidate& c, int cuda_device) {
 }
 
 namespace {
+// Sets *why (when asked) to `reason`; false, for the eviction that did not happen.
+bool NotEvicted(const char** why, const char* reason) {
+  if (why != nullptr) *why = reason;
+  return false;
+}
 constexpr const char* kVictimRefused = "the runtime refused to evict the victim it chose (an internal error)";
 // The CUDA adapter compares the pointer (Note [Why nothing was evicted]).
 #if DTR_WITH_CUDA
@@ -723,17 +728,11 @@ const char* const kNothingLeft = "nothing on the device was left to evict";
 
 bool Engine::EvictNextVictimOn(int cuda_device, size_t* bytes, const char** why) {
   std::optional<Runtime::Candidate> next = rt_->NextVictim();
-  if (!next) {
-    if (why != nullptr) *why = kNothingLeft;
-    return false;
-  }
+  if (!next) return NotEvicted(why, kNothingLeft);
   Entry* e = ResidentEntryOn(*next, cuda_device);
   if (e == nullptr) return EvictRankedOn(cuda_device, nullptr, nullptr, bytes, why);
   const size_t size = e->slot->bytes;
-  if (!rt_->Evict(next->id).ok()) {
-    if (why != nullptr) *why = kVictimRefused;
-    return false;
-  }
+  if (!rt_->Evict(next->id).ok()) return NotEvicted(why, kVictimRefused);
   *bytes = size;
   return true;
 }
@@ -758,22 +757,28 @@ bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const al
           alloc::FragmentationAwareEvictionStrategy::ChooseFirst(*a, *request, candidates);
       chosen = size_t(first - candidates.data());
     }
-    if (!rt_->Evict(storages[chosen].first).ok()) {
-      if (why != nullptr) *why = kVictimRefused;
-      return false;
-    }
+    if (!rt_->Evict(storages[chosen].first).ok()) return NotEvicted(why, kVictimRefused);
     *bytes = storages[chosen].second;
     return true;
   }
-  if (why != nullptr) *why = kNothingLeft;
-  return false;
+  return NotEvicted(why, kNothingLeft);
+}
+
+const char* Engine::EvictionBlocked(const std::unique_lock<std::recursive_timed_mutex>& l) {
+  // Note [Why nothing was evicted]
+  if (!l.owns_lock()) return "inside a parallel region, the engine lock was held by another thread";
+  if (paused()) return "dtr is paused (dtr.disable(), or a fork while another thread was inside dtr)";
+  if (CaptureUnderway())
+    return "a CUDA graph capture (or, before torch 2.13, a private memory pool) is under way, and dtr evicts "
+           "nothing then (Note [No replay during graph capture])";
+  return nullptr;
 }
 
 alloc::EvictionResult Engine::MakeRoomOn(alloc::CachingAllocator& a, int cuda_device,
                                          const alloc::EvictionRequest& request) {
   alloc::EvictionResult res;
   std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
-  if (!l.owns_lock() || paused() || CaptureUnderway()) return res;
+  if (EvictionBlocked(l) != nullptr) return res;
   Busy b(this);
   SearchClock search_clock(this);
   // Note [One victim at a time]: the CPU allocator (cuda_device -1) frees whole segments.
@@ -842,21 +847,8 @@ alloc::EvictionHandler* Engine::HandlerFor(c10::DeviceIndex device, alloc::Cachi
 CudaEvictor::Eviction Engine::EvictOnDevice(c10::DeviceIndex device, const std::function<bool()>& enough) {
   Eviction done;
   std::unique_lock<std::recursive_timed_mutex> l = LockForEviction();
-  // Note [Why nothing was evicted]
-  if (!l.owns_lock()) {
-    done.stopped_because = "inside a parallel region, the engine lock was held by another thread";
-    return done;
-  }
-  if (paused()) {
-    done.stopped_because = "dtr is paused (dtr.disable(), or a fork while another thread was inside dtr)";
-    return done;
-  }
-  if (CaptureUnderway()) {
-    done.stopped_because =
-        "a CUDA graph capture (or, before torch 2.13, a private memory pool) is under way, and dtr evicts nothing "
-        "then (Note [No replay during graph capture])";
-    return done;
-  }
+  done.stopped_because = EvictionBlocked(l);
+  if (done.stopped_because != nullptr) return done;
   Busy b(this);
   SearchClock search_clock(this);
   while (!enough()) {  // Note [One victim at a time]

@@ -338,6 +338,9 @@ class Engine final : public ReplayBackend,
     else l.lock();
     return l;
   }
+  // Why an eviction under `l` (from LockForEviction) cannot run now, or null when it can: the lock
+  // not had, dtr paused, a graph capture under way (Note [Why nothing was evicted]).
+  const char* EvictionBlocked(const std::unique_lock<std::recursive_timed_mutex>& l);
   // Adds its lifetime to search_ns_ (Note [Where the time goes]).
   struct SearchClock {
     explicit SearchClock(Engine* e) : e_(e), t0_(NowNs()) {}

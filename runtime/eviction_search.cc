@@ -224,9 +224,12 @@ static bool Skipped(const PoolEntry& e) {
 // and so the decisions, are the same. runtime_bench, recording an op that evicts, dtr-eq (AMD
 // EPYC, 2026-11-28, runs interleaved with the build before; bench/results/runtime.md): at 1e5
 // storages 21-24 us -> 13-15 us, at 1e6 27-29 us -> 23-24 us; at 1e3, where the records fit in
-// the cache, the passes cost more than they save (about 1 us), so small runtimes skip them. dtr's walks (the default
-// heuristic) gained nothing and lost at 1e6 (14.6 -> 18-19 us): most of their candidates are
-// cut before any walk, so their loads would be wasted; they are not prefetched.
+// the cache, the passes cost more than they save (about 1 us), so small runtimes skip them.
+// dtr's walks (the default heuristic) gained nothing and lost at 1e6 (14.6 -> 18-19 us): most
+// of their candidates are cut before any walk, so their loads would be wasted; they are not
+// prefetched. The second pass lists neighbors as ForEachNeighbor does, but without its check
+// that a reader's output holds the reader in its recipe: that check reads the very records
+// being prefetched (a few extra loads cost less than a miss each).
 void Runtime::PrefetchNeighborhoods() const {
   for (const Drawn& c : candidates_) {
     if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;

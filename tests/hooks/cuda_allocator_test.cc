@@ -318,6 +318,16 @@ class NativeTest : public ::testing::Test {
     return Keep(std::make_unique<CudaAllocatorAdapter>(Opts(CudaBackendKind::kNative, budget, fraction),
                                                        cuda_.Platform(), &native_));
   }
+  // The message of the OutOfMemoryError allocating n bytes must raise ("" and a failure if none).
+  static std::string OomMessage(CudaAllocatorAdapter* a, size_t n) {
+    try {
+      c10::DataPtr p = a->allocate(n);
+    } catch (const c10::OutOfMemoryError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "allocating " << n << " bytes raised no OutOfMemoryError";
+    return "";
+  }
   CudaAllocatorAdapter* Keep(std::unique_ptr<CudaAllocatorAdapter> a) {
     a->set_evictor(&evictor_);
     adapters_.push_back(std::move(a));
@@ -529,13 +539,8 @@ TEST_F(NativeTest, ABudgetNotAboveOneExpandablePageIsRefused) {
   if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
   ExpandableSegments on(20);
   auto a = Make(16 * kMiB);
-  try {
-    a->allocate(10);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("leaves no room under PyTorch's expandable segments, which map memory in pages "
-                                    "of 20.00 MiB"));
-  }
+  EXPECT_THAT(OomMessage(a, 10), HasSubstr("leaves no room under PyTorch's expandable segments, which map memory "
+                                           "in pages of 20.00 MiB"));
 }
 #endif
 
@@ -583,15 +588,11 @@ TEST_F(NativeTest, OutOfMemoryWhenNothingIsEvictable) {
   auto a = Make(8 * kMiB);
   native_.cap = 8 * kMiB;
   c10::DataPtr keep = a->allocate(6 * kMiB);  // not held by the evictor: pinned
-  try {
-    a->allocate(4 * kMiB);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("dtr: CUDA out of memory on cuda:0 under DTR_BUDGET=8.00 MiB"));
-    EXPECT_THAT(e.what(), HasSubstr("even after evicting every evictable tensor"));
-    EXPECT_THAT(e.what(), HasSubstr("fake breakdown"));
-    EXPECT_THAT(e.what(), HasSubstr("CUDA out of memory (fake)"));
-  }
+  std::string message = OomMessage(a, 4 * kMiB);
+  EXPECT_THAT(message, HasSubstr("dtr: CUDA out of memory on cuda:0 under DTR_BUDGET=8.00 MiB"));
+  EXPECT_THAT(message, HasSubstr("even after evicting every evictable tensor"));
+  EXPECT_THAT(message, HasSubstr("fake breakdown"));
+  EXPECT_THAT(message, HasSubstr("CUDA out of memory (fake)"));
 }
 
 // Note [Why nothing was evicted]: an error after which evictable tensors are still there says
@@ -601,23 +602,15 @@ TEST_F(NativeTest, OutOfMemoryWithoutEvictingSaysWhy) {
   native_.cap = 8 * kMiB;
   for (int i = 0; i < 6; ++i) evictor_.held.push_back(a->allocate(kMiB));
   evictor_.refuse = "dtr is paused (fake)";
-  try {
-    a->allocate(4 * kMiB);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cannot allocate 4.00 MiB (4194304 bytes); dtr evicted nothing for it: "
-                                    "dtr is paused (fake)."));
-    EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("even after evicting")));
-  }
+  std::string message = OomMessage(a, 4 * kMiB);
+  EXPECT_THAT(message, HasSubstr("cannot allocate 4.00 MiB (4194304 bytes); dtr evicted nothing for it: "
+                                  "dtr is paused (fake)."));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("even after evicting")));
   EXPECT_EQ(evictor_.held.size(), 6u);
   evictor_.unevictable = 5 * kMiB;  // the request can never fit: not even tried
-  try {
-    a->allocate(4 * kMiB);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("dtr evicted nothing for it: the request does not fit beside the bytes no "
-                                    "eviction can free."));
-  }
+  message = OomMessage(a, 4 * kMiB);
+  EXPECT_THAT(message, HasSubstr("dtr evicted nothing for it: the request does not fit beside the bytes no "
+                                  "eviction can free."));
 }
 
 TEST_F(NativeTest, AStopAfterSomeEvictionsSaysHowMuchWasFreed) {
@@ -627,12 +620,8 @@ TEST_F(NativeTest, AStopAfterSomeEvictionsSaysHowMuchWasFreed) {
   native_.fail_next = 1;  // the first try fails after the evictions (fragmentation)
   evictor_.refuse_after_calls = 1;  // then the engine stops: say, another thread paused dtr
   evictor_.refuse = "dtr is paused (fake)";
-  try {
-    a->allocate(4 * kMiB);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("dtr evicted 2 B for it, then stopped: dtr is paused (fake)."));
-  }
+  std::string message = OomMessage(a, 4 * kMiB);
+  EXPECT_THAT(message, HasSubstr("dtr evicted 2 B for it, then stopped: dtr is paused (fake)."));
 }
 
 TEST_F(NativeTest, OutOfMemoryWithEvictionOffSaysSo) {
@@ -641,12 +630,8 @@ TEST_F(NativeTest, OutOfMemoryWithEvictionOffSaysSo) {
   auto a = Keep(std::make_unique<CudaAllocatorAdapter>(o, cuda_.Platform(), &native_));
   native_.cap = 8 * kMiB;
   c10::DataPtr keep = a->allocate(6 * kMiB);
-  try {
-    a->allocate(4 * kMiB);
-    FAIL() << "no error";
-  } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("dtr evicted nothing for it: eviction is off (DTR_EVICT=0)."));
-  }
+  std::string message = OomMessage(a, 4 * kMiB);
+  EXPECT_THAT(message, HasSubstr("dtr evicted nothing for it: eviction is off (DTR_EVICT=0)."));
   EXPECT_EQ(evictor_.native_calls, 0);
 }
 
