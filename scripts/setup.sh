@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for dtr, idempotently (CI included):
-#   1. Debian packages: compilers, CMake, Ninja, abseil, GoogleTest, Google Benchmark, Python's
-#      venv and headers;
+#   1. Debian packages: compilers, ccache, CMake, Ninja, abseil, GoogleTest, Google Benchmark,
+#      Python's venv and headers;
 #   2. a virtual environment (scripts/env.sh: .venv with torch 2.14.1 by default,
 #      TORCH_VERSION=2.13.0 for the CPU wheel in .venv-2.13.0) with torch pinned (any other
 #      request would download gigabytes), torchvision 0.29.1 beside 2.14.1 (the only torch it
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
-packages=(build-essential cmake ninja-build pkg-config libabsl-dev libgtest-dev libgmock-dev googletest
+packages=(build-essential ccache cmake ninja-build pkg-config libabsl-dev libgtest-dev libgmock-dev googletest
           libbenchmark-dev python3-venv python3-dev)
 missing=()
 for p in "${packages[@]}"; do
@@ -49,5 +49,11 @@ sys.exit(int(pytest.__version__.split(".")[0]) >= '"$pytest_below"')' 2>/dev/nul
 fi
 
 echo "setup: building and installing dtr into $VENV_DIR (torch $TORCH_VERSION)"
+# Through ccache (scripts/env.sh): the runtime, the allocator and the simulator do not include
+# torch, so the second wheel's build reuses their objects from the first (about 100 s of CI's
+# two cores). CMake takes the launcher from the environment when it first configures a tree.
+if command -v ccache >/dev/null; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
+fi
 pip_q install --no-build-isolation -C build-dir="build/py-torch$TORCH_VERSION" .
 "$VENV_PY" -m dtr --info
