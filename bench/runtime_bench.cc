@@ -1,6 +1,7 @@
 // Benchmarks for the runtime's hot paths: recording an op with no memory pressure, and recording
-// an op that forces one eviction decision, at 10^3 to 10^6 resident storages (exact search to
-// 10^5), for each victim search mode. The difference between the two is the cost of the
+// an op that forces one eviction decision, at 256 and 10^3 to 10^6 resident storages (exact search
+// to 10^5), for each victim search mode (256: a pool sampled search scores whole, or samples with
+// exhaustive_pool 0, Note [Small pools are searched whole]). The difference between the two is the cost of the
 // eviction decision (bench/results/runtime.md). The default heuristic unless a name says otherwise.
 #include <memory>
 #include <vector>
@@ -24,10 +25,12 @@ struct Fixture {
   std::vector<StorageId> created;
   uint64_t size = 1024;
 
-  Fixture(int64_t resident, SearchMode search, HeuristicKind heuristic, bool pressure) {
+  Fixture(int64_t resident, SearchMode search, HeuristicKind heuristic, bool pressure,
+          uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool) {
     RuntimeConfig config;
     config.search = search;
     config.heuristic = heuristic;
+    config.exhaustive_pool = exhaustive_pool;
     runtime = *Runtime::Create(config, &backend);
     last = *runtime->AddConstant(size);
     for (int64_t i = 0; i < resident; ++i) created.push_back(Step());
@@ -47,8 +50,9 @@ struct Fixture {
 // The default heuristic (Note [Default heuristic], runtime/heuristic.cc) unless told otherwise.
 const HeuristicKind kDefault = RuntimeConfig().heuristic;
 
-void RecordOp(benchmark::State& state, SearchMode search, bool pressure, HeuristicKind heuristic = kDefault) {
-  Fixture f(state.range(0), search, heuristic, pressure);
+void RecordOp(benchmark::State& state, SearchMode search, bool pressure, HeuristicKind heuristic = kDefault,
+              uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool) {
+  Fixture f(state.range(0), search, heuristic, pressure, exhaustive_pool);
   uint64_t evictions_before = f.runtime->stats().evictions;
   uint64_t scored_before = f.runtime->stats().candidates_scored;
   uint64_t visits_before = f.runtime->stats().neighborhood_visits;
@@ -67,6 +71,9 @@ void RecordOp(benchmark::State& state, SearchMode search, bool pressure, Heurist
 void BM_RecordOpNoPressure(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, false); }
 void BM_RecordOpWithEvictionSampled(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, true); }
 void BM_RecordOpWithEvictionExact(benchmark::State& state) { RecordOp(state, SearchMode::kExact, true); }
+void BM_RecordOpWithEvictionSampledNeverWhole(benchmark::State& state) {
+  RecordOp(state, SearchMode::kSampled, true, kDefault, /*exhaustive_pool=*/0);
+}
 void BM_RecordOpWithEvictionSampledDtrEq(benchmark::State& state) {
   RecordOp(state, SearchMode::kSampled, true, HeuristicKind::kDtrEq);
 }
@@ -85,13 +92,14 @@ void BM_RankCandidatesExact(benchmark::State& state) { RankCandidates(state, Sea
 
 BENCHMARK(BM_RankCandidatesSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RankCandidatesExact)->Arg(1000)->Arg(10000)->Arg(100000);
-BENCHMARK(BM_RecordOpNoPressure)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
+BENCHMARK(BM_RecordOpNoPressure)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 // Each op under pressure evicts one more storage, so the fixture drifts as it runs (the evicted
 // region grows, and with it the walks): a fixed count of ops makes every run, and every build,
 // measure the same states.
-BENCHMARK(BM_RecordOpWithEvictionSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
-BENCHMARK(BM_RecordOpWithEvictionExact)->Arg(1000)->Arg(10000)->Arg(100000)->Iterations(500);
-BENCHMARK(BM_RecordOpWithEvictionSampledDtrEq)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
+BENCHMARK(BM_RecordOpWithEvictionSampled)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
+BENCHMARK(BM_RecordOpWithEvictionSampledNeverWhole)->Arg(256)->Iterations(20000);
+BENCHMARK(BM_RecordOpWithEvictionExact)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Iterations(500);
+BENCHMARK(BM_RecordOpWithEvictionSampledDtrEq)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
 
 }  // namespace
 }  // namespace dtr

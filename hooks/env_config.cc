@@ -24,7 +24,8 @@ namespace {
 const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLOCATOR", "DTR_HEURISTIC",  "DTR_DEALLOC",
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
-                              "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
+                              "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -50,7 +51,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", search=", SearchModeName(search), ", stats_file='", stats_file,
                       "', trace_file='", trace_file, "', verbose=", verbose,
                       ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
-                      ", neighborhood_cache=", neighborhood_cache_events,
+                      ", neighborhood_cache=", neighborhood_cache_events, ", exhaustive_pool=", exhaustive_pool,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -155,6 +156,14 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
                  "an integer from 0 to 1073741824: evictions and rematerializations a walked neighborhood "
                  "cost is reused for (default 8; 0: walk every time)");
     c.neighborhood_cache_events = uint32_t(n);
+  }
+  if (const char* v = getenv_fn("DTR_EXHAUSTIVE_POOL")) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > (int64_t(1) << 30))
+      return Bad("DTR_EXHAUSTIVE_POOL", v,
+                 "an integer from 0 to 1073741824: the most evictable storages a sampled search scores all of "
+                 "(default 256; 0: always sample)");
+    c.exhaustive_pool = uint32_t(n);
   }
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {

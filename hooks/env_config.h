@@ -21,6 +21,8 @@
 //                   plain cap: shows what happens without rematerialization)
 //   DTR_NEIGHBORHOOD_CACHE  evictions and rematerializations a walked neighborhood cost is
 //                   reused for (default 8; 0: walk every time): Note [Neighborhood cost cache]
+//   DTR_EXHAUSTIVE_POOL  the most evictable storages a sampled search scores all of (default 256;
+//                   0: always sample): Note [Small pools are searched whole]
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
@@ -67,6 +69,7 @@ struct DtrEnvConfig {
   uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
   double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
   uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // 0: none
+  uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
   bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }

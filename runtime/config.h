@@ -46,6 +46,9 @@ struct RuntimeConfig {
   double sample_factor = 1.0;
   uint32_t min_samples = 32;
   uint32_t max_samples = 64;
+  // A pool of at most this many entries is scored whole, sampled mode or not: Note [Small pools
+  // are searched whole] (eviction_search.cc). 0: always sample.
+  uint32_t exhaustive_pool = 256;
   // dtr's and msps's neighborhood walks stop after this many evicted storages (0: no limit):
   // Note [Bounded neighborhood walks] (neighborhoods.cc).
   uint32_t neighborhood_walk_limit = 256;

@@ -41,6 +41,7 @@ OPTIONS = {
     "max_replay_depth": "DTR_MAX_REPLAY_DEPTH",
     "max_recompute": "DTR_MAX_RECOMPUTE",
     "neighborhood_cache": "DTR_NEIGHBORHOOD_CACHE",
+    "exhaustive_pool": "DTR_EXHAUSTIVE_POOL",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

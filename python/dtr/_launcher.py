@@ -25,6 +25,7 @@ CLI_OPTIONS = {
     "--max-replay-depth": "DTR_MAX_REPLAY_DEPTH",
     "--max-recompute": "DTR_MAX_RECOMPUTE",
     "--neighborhood-cache": "DTR_NEIGHBORHOOD_CACHE",
+    "--exhaustive-pool": "DTR_EXHAUSTIVE_POOL",
 }
 
 

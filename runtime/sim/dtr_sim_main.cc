@@ -19,6 +19,7 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
+          [--exhaustive-pool N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness]
           [--rebuild-protection K] [--input-locks lazy|eager] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
@@ -35,6 +36,8 @@ candidates that cannot win (the same decisions, more work: Note [Bounded victim 
 until stop 33: Note [Staleness of replayed storages]).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
+--exhaustive-pool N scores the whole pool while it holds at most N entries, sampled search or
+not (default 256; 0: always sample; Note [Small pools are searched whole]).
 --input-locks eager locks every input of an op before bringing any back (the rule until stop 38);
 lazy, the default, locks an input once it is back (Note [Lazy input locks]).
 )";
@@ -113,6 +116,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--max-samples") {
       if (!absl::SimpleAtoi(v, &options.runtime.max_samples))
         return Fail(absl::StrCat("--max-samples: not a number '", v, "'"));
+    } else if (arg == "--exhaustive-pool") {
+      if (!absl::SimpleAtoi(v, &options.runtime.exhaustive_pool))
+        return Fail(absl::StrCat("--exhaustive-pool: not a number '", v, "'"));
     } else if (arg == "--neighborhood-cache") {
       if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_cache_events))
         return Fail(absl::StrCat("--neighborhood-cache: not a number '", v, "'"));

@@ -108,6 +108,22 @@ TEST(ParseEnvConfig, MaxRecompute) {
   }
 }
 
+// Note [Small pools are searched whole] (runtime/eviction_search.cc).
+TEST(ParseEnvConfig, ExhaustivePool) {
+  EXPECT_EQ(FakeEnv{}.Parse()->exhaustive_pool, RuntimeConfig{}.exhaustive_pool);
+  for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"1024", 1024}}) {
+    auto c = FakeEnv{{{"DTR_EXHAUSTIVE_POOL", text}}}.Parse();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->exhaustive_pool, value);
+    EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat("exhaustive_pool=", value)));
+  }
+  for (const char* bad : {"-1", "x", "2.5", "", "9999999999"}) {
+    auto b = FakeEnv{{{"DTR_EXHAUSTIVE_POOL", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_EXHAUSTIVE_POOL"));
+  }
+}
+
 // Note [Neighborhood cost cache] (runtime/neighborhoods.cc).
 TEST(ParseEnvConfig, NeighborhoodCache) {
   EXPECT_EQ(FakeEnv{}.Parse()->neighborhood_cache_events, RuntimeConfig{}.neighborhood_cache_events);

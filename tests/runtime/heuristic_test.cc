@@ -46,6 +46,7 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   EXPECT_FALSE(config.Validate().ok());
   config = RuntimeConfig{};
   EXPECT_NE(config.ToString().find("max_samples=64"), std::string::npos);
+  EXPECT_NE(config.ToString().find("exhaustive_pool=256"), std::string::npos);
   EXPECT_NE(config.ToString().find("neighborhood_walk_limit=256"), std::string::npos);
   config.max_samples = config.min_samples - 1;  // a cap below the floor: the floor wins
   EXPECT_TRUE(config.Validate().ok());

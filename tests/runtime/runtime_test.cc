@@ -1024,6 +1024,50 @@ TEST_F(RuntimeTest, SampledSearchScoresSqrtNCandidatesUpToMaxSamples) {
   }
 }
 
+// Note [Small pools are searched whole]: up to exhaustive_pool entries a sampled search scores
+// every one (and so chooses what exact search chooses); one entry more, and it samples.
+TEST_F(RuntimeTest, SampledSearchScoresASmallPoolWhole) {
+  for (uint32_t pool : {255u, 256u, 257u}) {
+    StorageId victim[2];
+    uint64_t scored[2];
+    for (SearchMode search : {SearchMode::kExact, SearchMode::kSampled}) {
+      RuntimeConfig config;
+      config.search = search;
+      config.heuristic = HeuristicKind::kDtr;
+      config.exhaustive_pool = 256;
+      config.min_samples = config.max_samples = 4;
+      Make(config);
+      StorageId x = Const(1);
+      uint64_t size = 1;
+      // A chain (every storage but the last has a reader, Note [Results awaiting their reader])
+      // of storages of different sizes and costs, so that one is the best victim.
+      for (uint32_t i = 0; i < pool; ++i) {
+        size = 10 + (i * 37) % 23;
+        auto out = rt_->Compute({"f", {&x, 1}, {&size, 1}, true, 0},
+                                [i](absl::Span<const StorageId>) -> absl::StatusOr<double> {
+                                  return 1.0 + double((i * 13) % 7);
+                                });
+        ASSERT_TRUE(out.ok());
+        x = (*out)[0];
+      }
+      const uint64_t before = rt_->stats().candidates_scored;
+      auto next = rt_->NextVictim();
+      ASSERT_TRUE(next.has_value());
+      const int k = search == SearchMode::kSampled;
+      victim[k] = next->id;
+      scored[k] = rt_->stats().candidates_scored - before;
+      Check();
+    }
+    EXPECT_EQ(scored[0], pool - 1) << pool;  // all but the chain's last, a last resort
+    if (pool <= 256) {
+      EXPECT_EQ(scored[1], pool - 1) << pool;
+      EXPECT_EQ(victim[1], victim[0]) << pool;
+    } else {
+      EXPECT_LE(scored[1], 4u + 16u) << pool;  // a sample and the carried runners-up
+    }
+  }
+}
+
 TEST_F(RuntimeTest, ExactSearchFindsTheGlobalMinimumAndSkipsTinyStorages) {
   Make(kUnlimitedBudget, HeuristicKind::kLru);
   StorageId x = Const(1);
@@ -1155,6 +1199,7 @@ TEST_F(RuntimeTest, RankedCandidatesInSampledModeScoreASampleAndCarryTheBest) {
   RuntimeConfig config;
   config.heuristic = HeuristicKind::kSize;  // score 1/size: fixed, whatever the clock
   config.min_samples = config.max_samples = 4;
+  config.exhaustive_pool = 0;  // sample even this small pool (Note [Small pools are searched whole])
   Make(config);
   StorageId x = Const(1);
   for (uint64_t size = 1; size <= 200; ++size) {
@@ -1189,6 +1234,7 @@ TEST_F(RuntimeTest, RankedCandidatesSearchThePoolWhenTheSampleHasNothingToRank) 
   RuntimeConfig config;
   config.heuristic = HeuristicKind::kSize;
   config.min_samples = config.max_samples = 4;
+  config.exhaustive_pool = 0;  // a sample, not the whole pool (Note [Small pools are searched whole])
   Make(config);
   StorageId x = Const(1);
   for (int i = 0; i < 99; ++i) (void)Op1("held", {x}, 10);  // held, read by nothing
@@ -1215,6 +1261,7 @@ TEST_F(RuntimeTest, CuttingLosingWalksKeepsTheRankedList) {
       config.heuristic = HeuristicKind::kDtr;
       config.search = search;
       config.min_samples = config.max_samples = 8;
+      config.exhaustive_pool = 0;  // sampled searches on this small pool
       config.cut_losing_walks = cut;
       config.neighborhood_cache_events = 0;  // Note [Neighborhood cost cache]: cut and full walks cache differently
       Make(config);

@@ -30,6 +30,7 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.dealloc = rng() % 2 ? DeallocPolicy::kBanish : DeallocPolicy::kEagerEvict;
     options.runtime.search = rng() % 2 ? SearchMode::kExact : SearchMode::kSampled;
     options.runtime.min_samples = 1 + uint32_t(rng() % 4);
+    options.runtime.exhaustive_pool = rng() % 2 ? 0 : 256;  // Note [Small pools are searched whole]
     options.runtime.thrash_damping = double(rng() % 3);
     options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.input_locking = rng() % 2 ? InputLocking::kLazy : InputLocking::kEager;

@@ -84,6 +84,7 @@ TEST(Simulator, CuttingLosingWalksKeepsEveryDecision) {
           options.runtime.search = search;
           options.runtime.max_samples = 8;  // sampled searches even on these small traces
           options.runtime.min_samples = 4;
+          options.runtime.exhaustive_pool = 0;
           options.check_invariants = false;
           // Cut and full walks leave different caches (Note [Neighborhood cost cache]).
           options.runtime.neighborhood_cache_events = 0;
