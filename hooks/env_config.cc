@@ -38,6 +38,18 @@ absl::Status Bad(const char* var, const char* value, absl::string_view accepted)
                                                  "'; accepted: ", accepted));
 }
 
+// A count variable: an integer from `least` to 2^30, `what` saying what it counts.
+absl::Status ParseCount(const std::function<const char*(const char*)>& getenv_fn, const char* var, int64_t least,
+                        absl::string_view what, uint32_t* out) {
+  const char* v = getenv_fn(var);
+  if (v == nullptr) return absl::OkStatus();
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n < least || n > (int64_t(1) << 30))
+    return Bad(var, v, absl::StrCat("an integer from ", least, " to 1073741824: ", what));
+  *out = uint32_t(n);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string DtrEnvConfig::ToString() const {
@@ -135,12 +147,24 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 2) return Bad("DTR_VERBOSE", v, "0 | 1 | 2");
     c.verbose = n;
   }
-  if (const char* v = getenv_fn("DTR_MAX_REPLAY_DEPTH")) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > (int64_t(1) << 30))
-      return Bad("DTR_MAX_REPLAY_DEPTH", v, "an integer from 1 to 1073741824 (default 1000)");
-    c.max_replay_depth = uint32_t(n);
-  }
+  struct Count {
+    const char* var;
+    int64_t least;
+    const char* what;
+    uint32_t* field;
+  };
+  for (const Count& k : {
+           Count{"DTR_MAX_REPLAY_DEPTH", 1,
+                 "the longest chain of recipe ops a storage may need replayed (default 1000)", &c.max_replay_depth},
+           Count{"DTR_NEIGHBORHOOD_CACHE", 0,
+                 "evictions and rematerializations a walked neighborhood cost is reused for (default 8; 0: walk "
+                 "every time)",
+                 &c.neighborhood_cache_events},
+           Count{"DTR_EXHAUSTIVE_POOL", 0,
+                 "the most evictable storages a sampled search scores all of (default 256; 0: always sample)",
+                 &c.exhaustive_pool},
+       })
+    if (absl::Status s = ParseCount(getenv_fn, k.var, k.least, k.what, k.field); !s.ok()) return s;
   if (const char* v = getenv_fn("DTR_MAX_RECOMPUTE")) {
     double x = 0;
     if (!absl::SimpleAtod(v, &x) || !(x >= 0) || !std::isfinite(x))
@@ -148,22 +172,6 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
                  "a number >= 0: the most recomputation, as a multiple of the program's own work, before a "
                  "budget counts as too small (default 50; 0: no limit)");
     c.max_recompute_ratio = x;
-  }
-  if (const char* v = getenv_fn("DTR_NEIGHBORHOOD_CACHE")) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > (int64_t(1) << 30))
-      return Bad("DTR_NEIGHBORHOOD_CACHE", v,
-                 "an integer from 0 to 1073741824: evictions and rematerializations a walked neighborhood "
-                 "cost is reused for (default 8; 0: walk every time)");
-    c.neighborhood_cache_events = uint32_t(n);
-  }
-  if (const char* v = getenv_fn("DTR_EXHAUSTIVE_POOL")) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > (int64_t(1) << 30))
-      return Bad("DTR_EXHAUSTIVE_POOL", v,
-                 "an integer from 0 to 1073741824: the most evictable storages a sampled search scores all of "
-                 "(default 256; 0: always sample)");
-    c.exhaustive_pool = uint32_t(n);
   }
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {

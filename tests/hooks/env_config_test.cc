@@ -108,35 +108,31 @@ TEST(ParseEnvConfig, MaxRecompute) {
   }
 }
 
-// Note [Small pools are searched whole] (runtime/eviction_search.cc).
-TEST(ParseEnvConfig, ExhaustivePool) {
-  EXPECT_EQ(FakeEnv{}.Parse()->exhaustive_pool, RuntimeConfig{}.exhaustive_pool);
-  for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"1024", 1024}}) {
-    auto c = FakeEnv{{{"DTR_EXHAUSTIVE_POOL", text}}}.Parse();
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(c->exhaustive_pool, value);
-    EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat("exhaustive_pool=", value)));
-  }
-  for (const char* bad : {"-1", "x", "2.5", "", "9999999999"}) {
-    auto b = FakeEnv{{{"DTR_EXHAUSTIVE_POOL", bad}}}.Parse();
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_EXHAUSTIVE_POOL"));
-  }
-}
-
-// Note [Neighborhood cost cache] (runtime/neighborhoods.cc).
-TEST(ParseEnvConfig, NeighborhoodCache) {
-  EXPECT_EQ(FakeEnv{}.Parse()->neighborhood_cache_events, RuntimeConfig{}.neighborhood_cache_events);
-  for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"16", 16}}) {
-    auto c = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", text}}}.Parse();
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(c->neighborhood_cache_events, value);
-    EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat("neighborhood_cache=", value)));
-  }
-  for (const char* bad : {"-1", "x", "1.5", "", "9999999999"}) {
-    auto b = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", bad}}}.Parse();
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_NEIGHBORHOOD_CACHE"));
+// Count variables taking 0: Note [Neighborhood cost cache] (runtime/neighborhoods.cc) and Note
+// [Small pools are searched whole] (runtime/eviction_search.cc).
+TEST(ParseEnvConfig, CountsThatMayBeZero) {
+  struct Count {
+    const char* var;
+    const char* printed;
+    uint32_t DtrEnvConfig::*field;
+    uint32_t default_value;
+  };
+  for (const Count& k : {Count{"DTR_NEIGHBORHOOD_CACHE", "neighborhood_cache=", &DtrEnvConfig::neighborhood_cache_events,
+                               RuntimeConfig{}.neighborhood_cache_events},
+                         Count{"DTR_EXHAUSTIVE_POOL", "exhaustive_pool=", &DtrEnvConfig::exhaustive_pool,
+                               RuntimeConfig{}.exhaustive_pool}}) {
+    EXPECT_EQ((*FakeEnv{}.Parse()).*k.field, k.default_value) << k.var;
+    for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"16", 16}, {"1024", 1024}}) {
+      auto c = FakeEnv{{{k.var, text}}}.Parse();
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ((*c).*k.field, value) << k.var;
+      EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat(k.printed, value)));
+    }
+    for (const char* bad : {"-1", "x", "1.5", "", "9999999999"}) {
+      auto b = FakeEnv{{{k.var, bad}}}.Parse();
+      ASSERT_FALSE(b.ok()) << k.var << "=" << bad;
+      EXPECT_THAT(std::string(b.status().message()), HasSubstr(k.var));
+    }
   }
 }
 
