@@ -1,8 +1,9 @@
 // Benchmarks for the runtime's hot paths: recording an op with no memory pressure, and recording
 // an op that forces one eviction decision, at 256 and 10^3 to 10^6 resident storages (exact search
-// to 10^5), for each victim search mode (256: a pool sampled search scores whole, or samples with
-// exhaustive_pool 0, Note [Small pools are searched whole]). The difference between the two is the cost of the
-// eviction decision (bench/results/runtime.md). The default heuristic unless a name says otherwise.
+// to 10^5), for each victim search mode. 256 is a pool that sampled search scores whole, or
+// samples with exhaustive_pool 0 (Note [Small pools are searched whole]). The difference between
+// the two is the cost of the eviction decision (bench/results/runtime.md). The default heuristic
+// unless a name says otherwise.
 #include <memory>
 #include <vector>
 

@@ -70,8 +70,10 @@ namespace dtr {
 // -> 1.55x, UNet 1.75x -> 1.60x, DenseNet 1.54x -> 1.34x; the TreeLSTM at 0.2 and 0.15 3.35x ->
 // 2.92x and 20.8x -> 13.1x. Of the 39 cells that trained both ways, 33 cost less, 3 the same and
 // 3 more, inside the sampled runs' range (bench/results/activations.md, "Small pools are
-// searched whole"). Scoring 256 entries costs a few microseconds a decision more than a sample
-// (runtime.md); larger pools are sampled as before, at a fixed price per decision.
+// searched whole"). A whole search costs more per decision: up to 189 us against 33 us sampled
+// on runtime_bench's worst case, where every candidate borders a long evicted chain; real runs'
+// search time a step stayed the same or fell, since better victims mean fewer searches
+// (runtime.md). Larger pools are sampled as before, at a fixed price per decision.
 //
 // Note [Results awaiting their reader]
 // A storage the program holds that no live recipe reads yet is a result waiting for the
