@@ -26,12 +26,7 @@ struct Fixture {
   std::vector<StorageId> created;
   uint64_t size = 1024;
 
-  Fixture(int64_t resident, SearchMode search, HeuristicKind heuristic, bool pressure,
-          uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool) {
-    RuntimeConfig config;
-    config.search = search;
-    config.heuristic = heuristic;
-    config.exhaustive_pool = exhaustive_pool;
+  Fixture(int64_t resident, const RuntimeConfig& config, bool pressure) {
     runtime = *Runtime::Create(config, &backend);
     last = *runtime->AddConstant(size);
     for (int64_t i = 0; i < resident; ++i) created.push_back(Step());
@@ -48,12 +43,16 @@ struct Fixture {
   }
 };
 
-// The default heuristic (Note [Default heuristic], runtime/heuristic.cc) unless told otherwise.
-const HeuristicKind kDefault = RuntimeConfig().heuristic;
+// The defaults (Note [Default heuristic], runtime/heuristic.cc; Note [Exact neighborhood cost
+// cache], runtime/neighborhoods.cc) with the given search, unless told otherwise.
+RuntimeConfig Config(SearchMode search) {
+  RuntimeConfig config;
+  config.search = search;
+  return config;
+}
 
-void RecordOp(benchmark::State& state, SearchMode search, bool pressure, HeuristicKind heuristic = kDefault,
-              uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool) {
-  Fixture f(state.range(0), search, heuristic, pressure, exhaustive_pool);
+void RecordOp(benchmark::State& state, const RuntimeConfig& config, bool pressure) {
+  Fixture f(state.range(0), config, pressure);
   uint64_t evictions_before = f.runtime->stats().evictions;
   uint64_t scored_before = f.runtime->stats().candidates_scored;
   uint64_t visits_before = f.runtime->stats().neighborhood_visits;
@@ -69,20 +68,30 @@ void RecordOp(benchmark::State& state, SearchMode search, bool pressure, Heurist
       evictions > 0 ? double(f.runtime->stats().candidates_scored - scored_before) / evictions : 0;
 }
 
-void BM_RecordOpNoPressure(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, false); }
-void BM_RecordOpWithEvictionSampled(benchmark::State& state) { RecordOp(state, SearchMode::kSampled, true); }
-void BM_RecordOpWithEvictionExact(benchmark::State& state) { RecordOp(state, SearchMode::kExact, true); }
+void BM_RecordOpNoPressure(benchmark::State& state) { RecordOp(state, Config(SearchMode::kSampled), false); }
+void BM_RecordOpWithEvictionSampled(benchmark::State& state) { RecordOp(state, Config(SearchMode::kSampled), true); }
+void BM_RecordOpWithEvictionExact(benchmark::State& state) { RecordOp(state, Config(SearchMode::kExact), true); }
 void BM_RecordOpWithEvictionSampledNeverWhole(benchmark::State& state) {
-  RecordOp(state, SearchMode::kSampled, true, kDefault, /*exhaustive_pool=*/0);
+  RuntimeConfig config = Config(SearchMode::kSampled);
+  config.exhaustive_pool = 0;
+  RecordOp(state, config, true);
+}
+// Note [Neighborhood cost cache]: the 8-event cache the exact one replaced, side by side.
+void BM_RecordOpWithEvictionSampledEventCache(benchmark::State& state) {
+  RuntimeConfig config = Config(SearchMode::kSampled);
+  config.neighborhood_cache_events = 8;
+  RecordOp(state, config, true);
 }
 void BM_RecordOpWithEvictionSampledDtrEq(benchmark::State& state) {
-  RecordOp(state, SearchMode::kSampled, true, HeuristicKind::kDtrEq);
+  RuntimeConfig config = Config(SearchMode::kSampled);
+  config.heuristic = HeuristicKind::kDtrEq;
+  RecordOp(state, config, true);
 }
 
 // What the allocators ask for when they need room (Note [Ranked candidates]): the best 32
 // candidates, ranked. No eviction follows, so each iteration is one ranking.
 void RankCandidates(benchmark::State& state, SearchMode search) {
-  Fixture f(state.range(0), search, kDefault, false);
+  Fixture f(state.range(0), Config(search), false);
   uint64_t scored_before = f.runtime->stats().candidates_scored;
   for (auto _ : state) benchmark::DoNotOptimize(f.runtime->RankedCandidates(32));
   state.counters["scored_per_ranking"] =
@@ -99,6 +108,7 @@ BENCHMARK(BM_RecordOpNoPressure)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->
 // measure the same states.
 BENCHMARK(BM_RecordOpWithEvictionSampled)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
 BENCHMARK(BM_RecordOpWithEvictionSampledNeverWhole)->Arg(256)->Iterations(20000);
+BENCHMARK(BM_RecordOpWithEvictionSampledEventCache)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
 BENCHMARK(BM_RecordOpWithEvictionExact)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Iterations(500);
 BENCHMARK(BM_RecordOpWithEvictionSampledDtrEq)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000)->Iterations(20000);
 

@@ -63,7 +63,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", search=", SearchModeName(search), ", stats_file='", stats_file,
                       "', trace_file='", trace_file, "', verbose=", verbose,
                       ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
-                      ", neighborhood_cache=", neighborhood_cache_events, ", exhaustive_pool=", exhaustive_pool,
+                      ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -156,15 +156,19 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
   for (const Count& k : {
            Count{"DTR_MAX_REPLAY_DEPTH", 1,
                  "the longest chain of recipe ops a storage may need replayed (default 1000)", &c.max_replay_depth},
-           Count{"DTR_NEIGHBORHOOD_CACHE", 0,
-                 "evictions and rematerializations a walked neighborhood cost is reused for (default 8; 0: walk "
-                 "every time)",
-                 &c.neighborhood_cache_events},
            Count{"DTR_EXHAUSTIVE_POOL", 0,
                  "the most evictable storages a sampled search scores all of (default 256; 0: always sample)",
                  &c.exhaustive_pool},
        })
     if (absl::Status s = ParseCount(getenv_fn, k.var, k.least, k.what, k.field); !s.ok()) return s;
+  if (const char* v = getenv_fn("DTR_NEIGHBORHOOD_CACHE")) {
+    absl::StatusOr<uint32_t> events = ParseNeighborhoodCache(v);
+    if (!events.ok())
+      return Bad("DTR_NEIGHBORHOOD_CACHE", v,
+                 "exact (the default: a walked neighborhood cost is reused until something it summed changes), or "
+                 "how many evictions and rematerializations it is reused for (0: walk every time)");
+    c.neighborhood_cache_events = *events;
+  }
   if (const char* v = getenv_fn("DTR_MAX_RECOMPUTE")) {
     double x = 0;
     if (!absl::SimpleAtod(v, &x) || !(x >= 0) || !std::isfinite(x))

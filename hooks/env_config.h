@@ -19,8 +19,9 @@
 //   DTR_ENABLE      0 | 1 (default 1): 0 leaves the process untouched even when preloaded
 //   DTR_EVICT       0 | 1 (default 1): 0 keeps the budget but never evicts (the budget is then a
 //                   plain cap: shows what happens without rematerialization)
-//   DTR_NEIGHBORHOOD_CACHE  evictions and rematerializations a walked neighborhood cost is
-//                   reused for (default 8; 0: walk every time): Note [Neighborhood cost cache]
+//   DTR_NEIGHBORHOOD_CACHE  exact (default): a walked neighborhood cost is reused until something
+//                   it summed changes (Note [Exact neighborhood cost cache]); N: reused for N
+//                   evictions and rematerializations; 0: walk every time
 //   DTR_EXHAUSTIVE_POOL  the most evictable storages a sampled search scores all of (default 256;
 //                   0: always sample): Note [Small pools are searched whole]
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
@@ -68,7 +69,7 @@ struct DtrEnvConfig {
   int verbose = 0;
   uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
   double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
-  uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // 0: none
+  uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // exact; 0: none
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 
 namespace dtr {
@@ -37,6 +38,19 @@ std::string InputLockingName(InputLocking locking) {
   return locking == InputLocking::kEager ? "eager" : "lazy";
 }
 
+absl::StatusOr<uint32_t> ParseNeighborhoodCache(absl::string_view text) {
+  if (text == "exact") return kExactNeighborhoodCache;
+  uint32_t events = 0;
+  if (!absl::SimpleAtoi(text, &events) || events == kExactNeighborhoodCache)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "neighborhood cache '", text, "' is neither 'exact' nor a count of events (0: no cache)"));
+  return events;
+}
+
+std::string NeighborhoodCacheName(uint32_t events) {
+  return events == kExactNeighborhoodCache ? "exact" : absl::StrCat(events);
+}
+
 absl::Status RuntimeConfig::Validate() const {
   if (budget_bytes == 0) return absl::InvalidArgumentError("budget must be positive");
   if (!(sample_factor > 0) || !std::isfinite(sample_factor))
@@ -62,13 +76,13 @@ absl::Status RuntimeConfig::Validate() const {
 std::string RuntimeConfig::ToString() const {
   return absl::StrFormat(
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
-      "exhaustive_pool=%d neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache_events=%d "
+      "exhaustive_pool=%d neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache=%s "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d replays_refresh_staleness=%d "
       "rebuild_protection=%g input_locking=%s max_replay_depth=%d "
       "max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
-      min_samples, max_samples, exhaustive_pool, neighborhood_walk_limit, cut_losing_walks, neighborhood_cache_events,
+      min_samples, max_samples, exhaustive_pool, neighborhood_walk_limit, cut_losing_walks, NeighborhoodCacheName(neighborhood_cache_events),
       small_storage_fraction, thrash_damping, thrash_half_life_ops,
       replays_refresh_staleness, rebuild_protection, InputLockingName(input_locking), max_replay_depth,
       max_recompute_ratio, recompute_half_life_ops, seed);

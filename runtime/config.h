@@ -16,6 +16,9 @@
 namespace dtr {
 
 inline constexpr uint64_t kUnlimitedBudget = std::numeric_limits<uint64_t>::max();
+// RuntimeConfig::neighborhood_cache_events: a walked neighborhood cost is reused until something
+// it summed changes (Note [Exact neighborhood cost cache], neighborhoods.cc).
+inline constexpr uint32_t kExactNeighborhoodCache = std::numeric_limits<uint32_t>::max();
 
 // What to do when the program drops its last reference to a storage (paper, Appendix C.5).
 enum class DeallocPolicy {
@@ -56,10 +59,13 @@ struct RuntimeConfig {
   // search], eviction_search.cc): the same decisions for fewer visits. false walks every
   // candidate in full, for the tests and experiments that compare the two.
   bool cut_losing_walks = true;
-  // Note [Neighborhood cost cache] (neighborhoods.cc): a walked neighborhood cost is reused while
-  // fewer than this many evictions and rematerializations have happened since (and no neighbor
-  // of the storage was evicted). 0 walks every time (exact e*).
-  uint32_t neighborhood_cache_events = 8;
+  // Note [Neighborhood cost cache] (neighborhoods.cc): kExactNeighborhoodCache (the default since
+  // stop 41) reuses a walked neighborhood cost until an eviction, rematerialization, collection,
+  // recipe change or cost correction reaches it (Note [Exact neighborhood cost cache]); N >= 1
+  // reuses it while fewer than N evictions and rematerializations have happened since (and no
+  // neighbor of the storage was evicted: the approximation until stop 41); 0 walks every time.
+  // Both 0 and kExactNeighborhoodCache score exact e*.
+  uint32_t neighborhood_cache_events = kExactNeighborhoodCache;
   // Storages smaller than this fraction of the mean evictable size are skipped by the search
   // (the prototype used 1%); they are still chosen when nothing larger is evictable.
   double small_storage_fraction = 0.01;
@@ -104,6 +110,10 @@ absl::StatusOr<InputLocking> ParseInputLocking(absl::string_view name);
 std::string DeallocPolicyName(DeallocPolicy policy);
 std::string SearchModeName(SearchMode mode);
 std::string InputLockingName(InputLocking locking);
+// "exact", or an event count (0: no cache): what DTR_NEIGHBORHOOD_CACHE and dtr-sim's
+// --neighborhood-cache take, and what ToString prints.
+absl::StatusOr<uint32_t> ParseNeighborhoodCache(absl::string_view text);
+std::string NeighborhoodCacheName(uint32_t events);
 
 }  // namespace dtr
 

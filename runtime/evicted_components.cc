@@ -1,6 +1,8 @@
 // Union-find with per-set cost sums; see Note [Evicted components].
 #include "runtime/evicted_components.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 
 namespace dtr {
@@ -10,6 +12,7 @@ EvictedComponents::Node EvictedComponents::MakeSet(double cost) {
   parent_.push_back(n);
   rank_.push_back(0);
   cost_.push_back(cost);
+  version_.push_back(0);
   return n;
 }
 
@@ -29,6 +32,7 @@ EvictedComponents::Node EvictedComponents::Union(Node a, Node b) {
   parent_[b] = a;
   if (rank_[a] == rank_[b]) ++rank_[a];
   cost_[a] += cost_[b];
+  version_[a] = std::max(version_[a], version_[b]) + 1;
   return a;
 }
 

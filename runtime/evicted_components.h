@@ -33,6 +33,14 @@ class EvictedComponents {
   Node Union(Node a, Node b);
   double Cost(Node n) const { return cost_[Find(n)]; }
   void AddCost(Node n, double delta) { cost_[Find(n)] += delta; }
+  // Note [Exact neighborhood cost cache] (neighborhoods.cc): each set carries a version that
+  // moves on whenever a member changes (Touch) or the set grows (Union), so (root, version) names
+  // one state of one set: Unchanged says whether the set is still that.
+  void Touch(Node n) { ++version_[Find(n)]; }
+  uint32_t Version(Node root) const { return version_[root]; }
+  bool Unchanged(Node root, uint32_t version) const {
+    return root < parent_.size() && Find(root) == root && version_[root] == version;
+  }
 
   size_t node_count() const { return parent_.size(); }
 
@@ -44,6 +52,7 @@ class EvictedComponents {
   mutable std::vector<Node> parent_;
   std::vector<uint32_t> rank_;
   std::vector<double> cost_;  // meaningful at roots only
+  std::vector<uint32_t> version_;  // meaningful at roots only
 };
 
 }  // namespace dtr

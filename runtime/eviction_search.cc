@@ -375,7 +375,7 @@ bool Runtime::DrawCandidates() {
   // Then start loading the records that scoring will read: those with a neighborhood to walk.
   for (size_t i = carried; i < candidates_.size(); ++i) {
     const PoolEntry& e = candidates_[i].entry = pool_[candidates_[i].pool_index];
-    if ((e.flags & PoolEntry::kNeighborEvicted) && !(NeighborhoodWalks() && Reusable(e.neighborhood_walked_at)))
+    if ((e.flags & PoolEntry::kNeighborEvicted) && !EntryCostReusable(e))
       storages_.Prefetch(e.id);
   }
   return true;

@@ -121,6 +121,7 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
 
 void Runtime::ClearRecipe(StorageId id) {
   StorageRecord& r = rec(id);
+  ForgetNeighborhoodCost(r);  // Note [Exact neighborhood cost cache]: its own walk changed
   absl::InlinedVector<OpId, 2> recipe;
   recipe.swap(r.recipe);
   r.cost = 0;
@@ -158,6 +159,7 @@ void Runtime::DrainCollection() {
       continue;
     }
     if (r.state == StorageState::kEvicted) {
+      NoteEvictedRegionChanged(id);  // Note [Exact neighborhood cost cache]
       components_.AddCost(r.component, -r.cost);
       --evicted_count_;
     } else {

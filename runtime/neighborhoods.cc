@@ -40,8 +40,10 @@ bool Runtime::HasEvictedDependent(StorageId id) {
 }
 
 bool Runtime::Reusable(uint64_t walked_at) const {
+  if (walked_at == StorageRecord::kNotCached) return false;
+  if (ExactNeighborhoodCache()) return walked_at == cache_generation_;  // and CachedRegionsUnchanged
   const uint32_t reuse_for = config_.neighborhood_cache_events;
-  return reuse_for > 0 && walked_at != StorageRecord::kNotCached && residency_changes_ - walked_at < reuse_for;
+  return reuse_for > 0 && residency_changes_ - walked_at < reuse_for;
 }
 
 // What NeighborhoodCost(e.id, ...) returns, without reading the record when the pool entry shows
@@ -49,7 +51,7 @@ bool Runtime::Reusable(uint64_t walked_at) const {
 double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound, double above, bool* stopped) {
   if (stopped != nullptr) *stopped = false;
   if (neighborhood_ == NeighborhoodKind::kNone || !(e.flags & PoolEntry::kNeighborEvicted)) return 0;
-  if (NeighborhoodWalks() && Reusable(e.neighborhood_walked_at)) {
+  if (EntryCostReusable(e)) {
     ++stats_.neighborhood_cache_hits;
     return e.neighborhood_cost;
   }
@@ -95,10 +97,29 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
   }
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages,
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
-  if (Reusable(self.neighborhood_walked_at)) {
+  if (Reusable(self.neighborhood_walked_at) && (!ExactNeighborhoodCache() || CachedRegionsUnchanged(self))) {
     ++stats_.neighborhood_cache_hits;
     return self.neighborhood_cost;  // Note [Neighborhood cost cache]
   }
+  bool cut = false;
+  const double cost = WalkNeighborhood(id, bound, above, &cut, &any_evicted);
+  if (kind == NeighborhoodKind::kExact && !cut && !any_evicted)
+    self.neighbor_evicted = false;  // both directions were looked at
+  if (stopped != nullptr) *stopped = cut;
+  if (!cut && (!ExactNeighborhoodCache() || RecordCachedRegions(id))) {  // a cut walk's sum is partial
+    self.neighborhood_walked_at = ExactNeighborhoodCache() ? cache_generation_ : residency_changes_;
+    self.neighborhood_cost = cost;
+  } else {
+    self.neighborhood_walked_at = StorageRecord::kNotCached;
+  }
+  RefreshPoolEntry(self);
+  return cost;
+}
+
+double Runtime::WalkNeighborhood(StorageId id, const PartialScore* bound, double above, bool* cut_out,
+                                 bool* any_evicted_out) {
+  const NeighborhoodKind kind = neighborhood_;
+  bool any_evicted = false;
   double cost = 0;
   const uint32_t epoch = NextWalkEpoch();
   std::vector<StorageId>& frontier = walk_frontier_;
@@ -153,16 +174,9 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
     }
   };
   walk(/*upward=*/true);
-  if (kind == NeighborhoodKind::kExact && !cut) {
-    walk(/*upward=*/false);
-    if (!any_evicted) self.neighbor_evicted = false;  // both directions were looked at
-  }
-  if (stopped != nullptr) *stopped = cut;
-  if (!cut) {  // a cut walk's sum is partial: nothing to reuse
-    self.neighborhood_walked_at = residency_changes_;
-    self.neighborhood_cost = cost;
-  }
-  RefreshPoolEntry(self);
+  if (kind == NeighborhoodKind::kExact && !cut) walk(/*upward=*/false);
+  *cut_out = cut;
+  *any_evicted_out = any_evicted;
   return cost;
 }
 
@@ -183,6 +197,8 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
 // on 480 runs (8 traces x dtr, msps, dtr-eq x 5 ratios x both search modes); the costliest of them
 // (the sweep's TreeLSTM at 0.4 of its peak under dtr) 12.2 s -> 9.85 s of simulation.
 // Note [Neighborhood cost cache]
+// (The event-count cache, neighborhood_cache_events = N; the default until stop 41, when Note
+// [Exact neighborhood cost cache] below replaced it.)
 // Under a tight budget nearly every candidate's walk crosses the same large evicted region (110-140
 // storages a walk on the recurrent models), and real runs score about 22 candidates an eviction
 // call, many of them the same storages call after call: on the CPU TreeLSTM at 0.45 of its peak,
@@ -211,6 +227,63 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
 // the floors (DenseNet at 0.3 3.10x, the TreeLSTM at 0.2 12.3x). Real runs (bench/step_worker.py,
 // torch 2.14.1, CPU, 4 steps, DTR_NEIGHBORHOOD_CACHE=0 against 8, three rounds): search time a
 // step 25-50% lower, step time 5-25% (bench/results/runtime.md).
+//
+// Note [Exact neighborhood cost cache]
+// The cache above reused a cost for 8 events whatever happened two or more hops away, and those
+// changes are what decide near the floor: on activations.md's traces, walking every time (cache
+// 0, exact e*) against the 8-event cache cost less in most cells and at times far less (UNet at
+// r = 0.3 3.11x -> 2.38x, DenseNet at 0.25 5.67x -> 5.00x, the LSTM at 0.3 1.94x -> 1.81x, the
+// TreeLSTM at 0.25 2.24x -> 2.10x), but searched more. So by default (kExactNeighborhoodCache)
+// a cached cost stays valid exactly as long as nothing it summed has changed.
+// What a walk from t sums is the evicted storages reachable from t through evicted storages and
+// their costs. Each of them is in the same union-find set (Note [Evicted components]) as one of
+// t's evicted neighbors, since evicting a storage joins the sets of all its evicted neighbors and
+// sets never split. So a walk records the sets of t's evicted neighbors (root and version, at
+// most two: above and below t; beside more, it is not cached), and every change a walk could see
+// moves on the version of the set it happens in:
+// - an eviction joins the sets around it into one whose version is new (Union), or makes a
+//   fresh set; it also forgets the costs of the evicted storage's neighbors, whose walks it now
+//   starts (the event-count cache's rule, kept);
+// - an evicted storage brought back, collected (its recipe goes with it) or its cost corrected
+//   (Note [Deferred op costs]) touches its set first (NoteEvictedRegionChanged); bringing one
+//   back also forgets its neighbors' costs;
+// - compaction renames the sets: the generation moves on, forgetting every cached cost;
+// - a storage's own recipe cleared forgets its own cost; an op recorded, functional or in place,
+//   adds edges to resident storages only, which no walk crosses, so it changes no walk.
+// A reused cost checks its sets (two Finds) instead of walking. Sets only grow, and a storage
+// brought back stays in its set, so a version moves on for some changes no walk from t saw: a
+// walk is then repeated that did not need to be, never the reverse. CheckInvariants walks every
+// valid cached cost again and compares: the fuzzers and dtr-sim's --check fail on a change this
+// list misses. Decisions are then those of walking every time (cache 0): identical dtr-sim
+// results on activations.md's traces (7 models x 3 traces x r = 0.5 .. 0.2).
+bool Runtime::CachedRegionsUnchanged(const StorageRecord& r) const {
+  for (int i = 0; i < r.cached_regions; ++i)
+    if (!components_.Unchanged(r.cached_region_root[i], r.cached_region_version[i])) return false;
+  return true;
+}
+
+bool Runtime::RecordCachedRegions(StorageId id) {
+  StorageRecord& self = rec(id);
+  int count = 0;
+  bool fits = true;
+  ForEachNeighbor(id, [&](StorageId n) {
+    const StorageRecord& r = rec(n);
+    if (r.resident() || !fits) return;
+    const EvictedComponents::Node root = components_.Find(r.component);
+    for (int i = 0; i < count; ++i)
+      if (self.cached_region_root[i] == root) return;
+    if (count == StorageRecord::kCachedRegions) {
+      fits = false;
+      return;
+    }
+    self.cached_region_root[count] = root;
+    self.cached_region_version[count] = components_.Version(root);
+    ++count;
+  });
+  self.cached_regions = uint8_t(fits ? count : 0);
+  return fits;
+}
+
 uint32_t Runtime::NextWalkEpoch() {
   if (++walk_epoch_ == 0) {  // wrapped: no record may keep a mark from 2^32 walks ago
     storages_.ForEach([](StorageId, StorageRecord& r) { r.walk_epoch = 0; });
@@ -231,6 +304,7 @@ void Runtime::MaybeCompactComponents() {
   });
   std::vector<EvictedComponents::Node> fresh = components_.Compact(nodes);
   for (size_t i = 0; i < evicted.size(); ++i) rec(evicted[i]).component = fresh[i];
+  ++cache_generation_;  // Note [Exact neighborhood cost cache]: the sets' names changed
 }
 
 }  // namespace dtr

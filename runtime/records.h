@@ -100,6 +100,12 @@ struct StorageRecord {
   static constexpr uint64_t kNotCached = UINT64_MAX;
   uint64_t neighborhood_walked_at = kNotCached;
   double neighborhood_cost = 0;
+  // Note [Exact neighborhood cost cache] (neighborhoods.cc): the evicted sets (EvictedComponents
+  // root and version) around it when it was walked; a walk beside more sets is not cached.
+  static constexpr int kCachedRegions = 2;
+  uint8_t cached_regions = 0;
+  uint32_t cached_region_root[kCachedRegions] = {};
+  uint32_t cached_region_version[kCachedRegions] = {};
 
   bool rematerializable() const { return !recipe.empty(); }
   bool resident() const { return state == StorageState::kResident; }

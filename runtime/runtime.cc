@@ -364,6 +364,8 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
     RefreshPoolEntry(*r);
     if (r->state == StorageState::kEvicted && r->component != EvictedComponents::kNone)
       components_.AddCost(r->component, r->cost - before);
+    if (r->state == StorageState::kEvicted && r->cost != before)
+      NoteEvictedRegionChanged(out);  // Note [Exact neighborhood cost cache]
   }
   stats_.base_cost += delta;
   window_base_cost_ = std::max(0.0, window_base_cost_ + delta);
@@ -488,6 +490,28 @@ absl::Status Runtime::CheckInvariants() const {
       return fail("component ", root, " cost ", have, " != members' sum ", cost);
   }
   if (!collect_worklist_.empty()) return fail("collection worklist not drained");
+  // Note [Exact neighborhood cost cache]: a cost still valid is what walking again finds.
+  if (ExactNeighborhoodCache() && NeighborhoodWalks()) {
+    std::vector<StorageId> cached;
+    storages_.ForEach([&](StorageId id, const StorageRecord& r) {
+      if (r.resident() && Reusable(r.neighborhood_walked_at) && CachedRegionsUnchanged(r)) cached.push_back(id);
+    });
+    // A walk marks the records it visits (scratch, never read across walks) and counts visits,
+    // which the check gives back.
+    Runtime* walker = const_cast<Runtime*>(this);
+    const uint64_t visits = stats_.neighborhood_visits;
+    for (StorageId id : cached) {
+      bool cut = false, any_evicted = false;
+      const double walked = walker->WalkNeighborhood(id, nullptr, 0, &cut, &any_evicted);
+      const double have = storages_[id].neighborhood_cost;
+      if (walked != have) {
+        status = fail(IdString(id), " cached neighborhood cost ", have, " but a walk now finds ", walked);
+        break;
+      }
+    }
+    stats_.neighborhood_visits = visits;
+    if (!status.ok()) return status;
+  }
   return absl::OkStatus();
 }
 

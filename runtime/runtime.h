@@ -258,6 +258,29 @@ class Runtime {
   double EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound = nullptr, double above = 0,
                                bool* stopped = nullptr);
   bool Reusable(uint64_t walked_at) const;  // Note [Neighborhood cost cache]
+  bool ExactNeighborhoodCache() const { return config_.neighborhood_cache_events == kExactNeighborhoodCache; }
+  // The walk behind NeighborhoodCost for kExact and kAncestors: the cost of the evicted storages
+  // it reaches, *cut set if `bound` stopped it, *any_evicted if it found one.
+  double WalkNeighborhood(StorageId id, const PartialScore* bound, double above, bool* cut, bool* any_evicted);
+  // Note [Exact neighborhood cost cache]: an evicted storage is about to change in a way walks
+  // through it sum (brought back, collected, its cost corrected): its set's version moves on.
+  void NoteEvictedRegionChanged(StorageId id) {
+    const StorageRecord& r = storages_[id];
+    if (r.state == StorageState::kEvicted && r.component != EvictedComponents::kNone) components_.Touch(r.component);
+  }
+  // Whether the sets a cached walk was beside are as they were; records them (false: too many).
+  bool CachedRegionsUnchanged(const StorageRecord& r) const;
+  bool RecordCachedRegions(StorageId id);
+  // A pool entry's cached cost that needs no look at its record (Note [Candidate table]): the
+  // event-count cache's; the exact cache checks the sets in the record.
+  bool EntryCostReusable(const PoolEntry& e) const {
+    return NeighborhoodWalks() && !ExactNeighborhoodCache() && Reusable(e.neighborhood_walked_at);
+  }
+  void ForgetNeighborhoodCost(StorageRecord& r) {
+    if (r.neighborhood_walked_at == StorageRecord::kNotCached) return;
+    r.neighborhood_walked_at = StorageRecord::kNotCached;
+    RefreshPoolEntry(r);
+  }
   // dtr's exact e* and msps's evicted ancestors: neighborhood costs that are graph walks (Note
   // [Bounded neighborhood walks]), which only they cut and cache.
   bool NeighborhoodWalks() const {
@@ -358,6 +381,9 @@ class Runtime {
   std::vector<StorageId> walk_frontier_;  // scratch for one neighborhood walk
   uint32_t walk_epoch_ = 0;
   uint64_t residency_changes_ = 0;  // evictions and rematerializations: Note [Neighborhood cost cache]
+  // Note [Exact neighborhood cost cache]: a cached cost is valid only with the current
+  // generation, which moves on when the evicted sets are compacted (their names change).
+  uint64_t cache_generation_ = 0;
   std::mt19937_64 rng_;
   mutable RuntimeStats stats_;
 };

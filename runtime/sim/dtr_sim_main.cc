@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
   dtr-sim [--trace FILE|-] [--budget BYTES | --ratio R] [--heuristic NAME] [--dealloc eager|banish]
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--exhaustive-pool N]
-          [--walk-limit N] [--full-walks] [--neighborhood-cache N] [--replays-refresh-staleness]
+          [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
           [--rebuild-protection K] [--input-locks lazy|eager] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
@@ -30,8 +30,10 @@ with no budget. --generate writes a synthetic trace (chain, adversarial, unet, t
 random-dag) to stdout; for adversarial, --b is the budget in unit tensors it plays against.
 --full-walks scores every candidate's neighborhood in full instead of stopping the walks of
 candidates that cannot win (the same decisions, more work: Note [Bounded victim search]).
---neighborhood-cache N reuses a walked neighborhood cost for N evictions and rematerializations
-(default 8; 0: walk every time, exact e*: Note [Neighborhood cost cache]).
+--neighborhood-cache exact|N: exact (the default) reuses a walked neighborhood cost until
+something it summed changes (Note [Exact neighborhood cost cache]); N reuses it for N evictions
+and rematerializations (the approximation until stop 41); 0 walks every time. exact and 0 both
+score exact e* (Note [Neighborhood cost cache]).
 --replays-refresh-staleness makes a rematerialization touch the storages it brings back (the rule
 until stop 33: Note [Staleness of replayed storages]).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
@@ -120,8 +122,9 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &options.runtime.exhaustive_pool))
         return Fail(absl::StrCat("--exhaustive-pool: not a number '", v, "'"));
     } else if (arg == "--neighborhood-cache") {
-      if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_cache_events))
-        return Fail(absl::StrCat("--neighborhood-cache: not a number '", v, "'"));
+      absl::StatusOr<uint32_t> events = ParseNeighborhoodCache(v);
+      if (!events.ok()) return Fail(absl::StrCat("--neighborhood-cache: ", events.status().message()));
+      options.runtime.neighborhood_cache_events = *events;
     } else if (arg == "--rebuild-protection") {
       if (!absl::SimpleAtod(v, &options.runtime.rebuild_protection))
         return Fail(absl::StrCat("--rebuild-protection: not a number '", v, "'"));

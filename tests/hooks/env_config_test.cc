@@ -136,6 +136,22 @@ TEST(ParseEnvConfig, CountsThatMayBeZero) {
   }
 }
 
+// Note [Exact neighborhood cost cache]: the default, also by name.
+TEST(ParseEnvConfig, NeighborhoodCacheIsExactByDefault) {
+  EXPECT_EQ(FakeEnv{}.Parse()->neighborhood_cache_events, kExactNeighborhoodCache);
+  EXPECT_THAT(FakeEnv{}.Parse()->ToString(), HasSubstr("neighborhood_cache=exact"));
+  auto c = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", "8"}}}.Parse();
+  ASSERT_TRUE(c.ok()) << c.status();
+  c = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", "exact"}}}.Parse();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->neighborhood_cache_events, kExactNeighborhoodCache);
+  for (const char* bad : {"Exact", "4294967295"}) {
+    auto b = FakeEnv{{{"DTR_NEIGHBORHOOD_CACHE", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("exact"));
+  }
+}
+
 TEST(ParseEnvConfig, BudgetsNoMachineHasAreRefused) {
   auto b = FakeEnv{{{"DTR_BUDGET", "9223372036854775807"}}}.Parse();
   ASSERT_FALSE(b.ok());

@@ -82,6 +82,30 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s;
   }
   bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+  // For the neighborhood cost cache tests: x -> a -> b -> c -> d -> e with costs 1 .. 10000, and
+  // y, unrelated, to evict and bring back while time passes; dtr, exact search.
+  struct CostChain {
+    StorageId a, b, c, d, e, y;
+  };
+  CostChain MakeCostChain(RuntimeConfig config) {
+    config.search = SearchMode::kExact;
+    config.heuristic = HeuristicKind::kDtr;
+    Make(config);
+    StorageId x = Const(1);
+    CostChain k;
+    k.a = Op1("a", {x}, 2, 1);
+    k.b = Op1("b", {k.a}, 2, 10);
+    k.c = Op1("c", {k.b}, 2, 100);
+    k.d = Op1("d", {k.c}, 2, 1000);
+    k.e = Op1("e", {k.d}, 2, 10000);
+    k.y = Op1("y", {x}, 2, 1);
+    return k;
+  }
+  // dtr's score of `id` given its evicted neighborhood's cost.
+  double ScoreWith(StorageId id, double neighborhood) {
+    const StorageRecord& r = *rt_->storage(id);
+    return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
+  }
   // Unlimited budget, exact search, the given Note [Bounded replay chains] limit.
   void MakeWithMaxDepth(uint32_t max_replay_depth) {
     RuntimeConfig config;
@@ -908,21 +932,9 @@ TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborChangesOrItExpires) {
     SCOPED_TRACE(reuse_for);
     const bool reuse = reuse_for > 0;
     RuntimeConfig config;
-    config.search = SearchMode::kExact;
-    config.heuristic = HeuristicKind::kDtr;
     config.neighborhood_cache_events = reuse_for;
-    Make(config);
-    StorageId x = Const(1);
-    StorageId a = Op1("a", {x}, 2, 1);
-    StorageId b = Op1("b", {a}, 2, 10);
-    StorageId c = Op1("c", {b}, 2, 100);
-    StorageId d = Op1("d", {c}, 2, 1000);
-    Op1("e", {d}, 2, 10000);
-    StorageId y = Op1("y", {x}, 2, 1);  // unrelated: evicted and brought back to pass time
-    auto score = [&](StorageId id, double neighborhood) {
-      const StorageRecord& r = *rt_->storage(id);
-      return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
-    };
+    auto [a, b, c, d, e, y] = MakeCostChain(config);
+    auto score = [&](StorageId id, double neighborhood) { return ScoreWith(id, neighborhood); };
     ASSERT_TRUE(rt_->Evict(b).ok());  // residency change 1
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));  // walked: e*(a) = {b}
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 10));  // walked: e*(c) = {b}
@@ -942,6 +954,76 @@ TEST_F(RuntimeTest, NeighborhoodCostIsReusedUntilANeighborChangesOrItExpires) {
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 0));
     Check();
   }
+}
+
+// Note [Exact neighborhood cost cache] (the default): a walked cost is reused for as long as
+// nothing it summed changes, and forgotten as soon as something does, however far away.
+TEST_F(RuntimeTest, ExactNeighborhoodCacheIsForgottenExactlyWhenItsSumChanges) {
+  ASSERT_EQ(RuntimeConfig{}.neighborhood_cache_events, kExactNeighborhoodCache);
+  auto [a, b, c, d, e, y] = MakeCostChain(RuntimeConfig{});
+  auto score = [&](StorageId id, double neighborhood) { return ScoreWith(id, neighborhood); };
+  auto hits = [&] { return rt_->stats().neighborhood_cache_hits; };
+  ASSERT_TRUE(rt_->Evict(b).ok());
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));  // walked: e*(a) = {b}
+  uint64_t before = hits();
+  ASSERT_TRUE(rt_->Evict(d).ok());  // not reachable from a through evicted storages
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 10));
+  EXPECT_EQ(hits(), before + 1);
+  Check();
+  ASSERT_TRUE(rt_->Evict(c).ok());  // two hops from a: e*(a) = {b, c, d} at once
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 1110));
+  before = hits();
+  for (int i = 0; i < 20; ++i) {  // far more than any event count: nothing a summed changes
+    ASSERT_TRUE(rt_->Evict(y).ok());
+    ASSERT_TRUE(rt_->Access(y).ok());
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 1110));
+  }
+  EXPECT_EQ(hits(), before + 20);
+  Check();
+  // A corrected cost (Note [Deferred op costs]) of an evicted storage three hops away.
+  ASSERT_TRUE(rt_->AddOpCost(rt_->storage(d)->recipe[0], 4000).ok());
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 5110));
+  Check();
+  ASSERT_TRUE(rt_->Access(c).ok());  // brings b and c back: e*(a) = {}
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(a), score(a, 0));
+  Check();
+}
+
+// Note [Exact neighborhood cost cache]: a walk beside more evicted sets than a record names is
+// not cached, and compacting the sets (which renames them) forgets every cached cost.
+TEST_F(RuntimeTest, ExactNeighborhoodCacheKeepsOnlyWhatItCanCheck) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.heuristic = HeuristicKind::kDtr;
+  config.max_recompute_ratio = 0;  // y is only ever replayed
+  Make(config);
+  StorageId x = Const(1);
+  std::vector<StorageId> ins;
+  for (int i = 0; i < 3; ++i) ins.push_back(Op1(absl::StrCat("in", i), {x}, 2, 1));
+  StorageId two = Op1("two", {ins[0], ins[1]}, 2);
+  StorageId three = Op1("three", {ins[0], ins[1], ins[2]}, 2);
+  StorageId y = Op1("y", {x}, 2, 1);
+  for (StorageId in : ins) ASSERT_TRUE(rt_->Evict(in).ok());  // three sets: nothing joins them
+  auto hits_of = [&](StorageId id) {
+    const uint64_t before = rt_->stats().neighborhood_cache_hits;
+    rt_->ScoreOf(id);
+    return rt_->stats().neighborhood_cache_hits - before;
+  };
+  EXPECT_EQ(hits_of(two), 0u);  // walked and cached: beside two sets
+  EXPECT_EQ(hits_of(two), 1u);
+  EXPECT_EQ(hits_of(three), 0u);  // beside three: walked every time
+  EXPECT_EQ(hits_of(three), 0u);
+  Check();
+  // Each eviction makes a union-find node, and a storage brought back leaves its node behind, so
+  // the nodes outgrow the evicted storages and are compacted (MaybeCompactComponents).
+  const double cost_before = rt_->ScoreOf(two);
+  for (int i = 0; i < 4200; ++i) {
+    ASSERT_TRUE(rt_->Evict(y).ok());
+    ASSERT_TRUE(rt_->Access(y).ok());
+  }
+  EXPECT_EQ(hits_of(two), 0u);  // walked again
+  EXPECT_LT(rt_->ScoreOf(two), cost_before);  // the same cost, staler
+  Check();
 }
 
 // Note [Neighborhood cost cache]: a walk cut short by the victim search (Note [Bounded victim
