@@ -159,7 +159,7 @@ void Runtime::DrainCollection() {
       continue;
     }
     if (r.state == StorageState::kEvicted) {
-      NoteEvictedRegionChanged(id);  // Note [Exact neighborhood cost cache]
+      NoteEvictedRegionChanged(r);  // Note [Exact neighborhood cost cache]
       components_.AddCost(r.component, -r.cost);
       --evicted_count_;
     } else {

@@ -41,7 +41,7 @@ bool Runtime::HasEvictedDependent(StorageId id) {
 
 bool Runtime::Reusable(uint64_t walked_at) const {
   if (walked_at == StorageRecord::kNotCached) return false;
-  if (ExactNeighborhoodCache()) return walked_at == cache_generation_;  // and CachedRegionsUnchanged
+  if (ExactNeighborhoodCache()) return walked_at == cache_generation_;
   const uint32_t reuse_for = config_.neighborhood_cache_events;
   return reuse_for > 0 && residency_changes_ - walked_at < reuse_for;
 }
@@ -97,7 +97,7 @@ double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double
   }
   // Exact e* (both directions) or evicted ancestors only: graph walks over evicted storages,
   // each stopping after neighborhood_walk_limit of them (Note [Bounded neighborhood walks]).
-  if (Reusable(self.neighborhood_walked_at) && (!ExactNeighborhoodCache() || CachedRegionsUnchanged(self))) {
+  if (CachedCostValid(self)) {
     ++stats_.neighborhood_cache_hits;
     return self.neighborhood_cost;  // Note [Neighborhood cost cache]
   }
@@ -256,7 +256,9 @@ double Runtime::WalkNeighborhood(StorageId id, const PartialScore* bound, double
 // valid cached cost again and compares: the fuzzers and dtr-sim's --check fail on a change this
 // list misses. Decisions are then those of walking every time (cache 0): identical dtr-sim
 // results on activations.md's traces (7 models x 3 traces x r = 0.5 .. 0.2).
-bool Runtime::CachedRegionsUnchanged(const StorageRecord& r) const {
+bool Runtime::CachedCostValid(const StorageRecord& r) const {
+  if (!Reusable(r.neighborhood_walked_at)) return false;
+  if (!ExactNeighborhoodCache()) return true;
   for (int i = 0; i < r.cached_regions; ++i)
     if (!components_.Unchanged(r.cached_region_root[i], r.cached_region_version[i])) return false;
   return true;

@@ -290,7 +290,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     if (!keep[i]) continue;
     StorageId o = op.outputs[i];
     StorageRecord& r = rec(o);
-    NoteEvictedRegionChanged(o);  // Note [Exact neighborhood cost cache]
+    NoteEvictedRegionChanged(r);  // Note [Exact neighborhood cost cache]
     components_.AddCost(r.component, -r.cost);
     r.component = EvictedComponents::kNone;
     --evicted_count_;

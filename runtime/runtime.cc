@@ -362,10 +362,10 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
     const double before = r->cost;
     r->cost = std::max(0.0, r->cost + delta);
     RefreshPoolEntry(*r);
-    if (r->state == StorageState::kEvicted && r->component != EvictedComponents::kNone)
+    if (r->state == StorageState::kEvicted && r->component != EvictedComponents::kNone && r->cost != before) {
       components_.AddCost(r->component, r->cost - before);
-    if (r->state == StorageState::kEvicted && r->cost != before)
-      NoteEvictedRegionChanged(out);  // Note [Exact neighborhood cost cache]
+      NoteEvictedRegionChanged(*r);  // Note [Exact neighborhood cost cache]
+    }
   }
   stats_.base_cost += delta;
   window_base_cost_ = std::max(0.0, window_base_cost_ + delta);
@@ -494,7 +494,7 @@ absl::Status Runtime::CheckInvariants() const {
   if (ExactNeighborhoodCache() && NeighborhoodWalks()) {
     std::vector<StorageId> cached;
     storages_.ForEach([&](StorageId id, const StorageRecord& r) {
-      if (r.resident() && Reusable(r.neighborhood_walked_at) && CachedRegionsUnchanged(r)) cached.push_back(id);
+      if (r.resident() && CachedCostValid(r)) cached.push_back(id);
     });
     // A walk marks the records it visits (scratch, never read across walks) and counts visits,
     // which the check gives back.

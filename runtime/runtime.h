@@ -264,13 +264,13 @@ class Runtime {
   double WalkNeighborhood(StorageId id, const PartialScore* bound, double above, bool* cut, bool* any_evicted);
   // Note [Exact neighborhood cost cache]: an evicted storage is about to change in a way walks
   // through it sum (brought back, collected, its cost corrected): its set's version moves on.
-  void NoteEvictedRegionChanged(StorageId id) {
-    const StorageRecord& r = storages_[id];
+  void NoteEvictedRegionChanged(const StorageRecord& r) {
     if (r.state == StorageState::kEvicted && r.component != EvictedComponents::kNone) components_.Touch(r.component);
   }
-  // Whether the sets a cached walk was beside are as they were; records them (false: too many).
-  bool CachedRegionsUnchanged(const StorageRecord& r) const;
-  bool RecordCachedRegions(StorageId id);
+  // Whether r's cached neighborhood cost may be reused: Reusable, and under the exact cache the
+  // sets its walk was beside are as they were.
+  bool CachedCostValid(const StorageRecord& r) const;
+  bool RecordCachedRegions(StorageId id);  // records those sets (false: too many to cache)
   // A pool entry's cached cost that needs no look at its record (Note [Candidate table]): the
   // event-count cache's; the exact cache checks the sets in the record.
   bool EntryCostReusable(const PoolEntry& e) const {

@@ -25,9 +25,7 @@ struct RuntimeStats {
   uint64_t thrash_events = 0;         // see Note [Thrashing]
   uint64_t eviction_searches = 0;
   uint64_t candidates_scored = 0;     // heuristic evaluations
-  // storages visited computing neighborhood costs, and forgetting cached ones (Note [Exact
-  // neighborhood cost cache])
-  uint64_t neighborhood_visits = 0;
+  uint64_t neighborhood_visits = 0;   // storages visited computing neighborhood costs
   uint64_t neighborhood_cache_hits = 0;  // walks saved by Note [Neighborhood cost cache]
   double base_cost = 0;               // cost of first executions
   double remat_cost = 0;              // cost of replays
