@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include <mutex>  // std::mutex: visible to ThreadSanitizer even with a prebuilt abseil
@@ -137,7 +137,9 @@ class CachingAllocator {
   struct BlockOrder {
     bool operator()(const Block* a, const Block* b) const;
   };
-  using FreeSet = std::set<Block*, BlockOrder>;
+  // A B-tree: a block freed or handed out moves no node to or from the heap, as a std::set's
+  // would on every allocation.
+  using FreeSet = absl::btree_set<Block*, BlockOrder>;
   struct PendingEvent {
     EventHandle event;
     Block* block;
@@ -201,7 +203,8 @@ class CachingAllocator {
   EvictionHandler* handler_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<uintptr_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   FreeSet free_blocks_[kNumPools] ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uintptr_t, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
+  // Open addressing: an allocation adds no node to the heap (the unordered_map it replaced did).
+  absl::flat_hash_map<uintptr_t, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]

@@ -518,7 +518,8 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
         "during graph capture]); pin the tensors a captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
         "before capturing"));
   // Deep-copy lists so the record's placeholders are never mutated.
-  std::vector<c10::IValue> args = CopyArgs(rr.args.data(), rr.args.data() + rr.args.size());
+  std::vector<c10::IValue> args;
+  CopyArgs(rr.args.data(), rr.args.data() + rr.args.size(), &args);
   if (rr.gen) args[rr.gen_arg] = c10::IValue(rr.gen->clone());
   // Recorded ops ran below autocast (they are already cast): a replay inside an autocast region
   // must not cast them again.

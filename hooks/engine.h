@@ -307,22 +307,24 @@ class Engine final : public ReplayBackend,
   // Whether a CUDA stream capture is under way on the current stream: nothing may be evicted,
   // replayed or recorded then (Note [No replay during graph capture]).
   bool CaptureUnderway() const;
-  // The storages an op pins while it runs (resident, never evicted), unpinned when it returns
-  // unless KeepPinned() made the pins permanent (Note [Unmanaged operands], fallback.cc).
-  class OpPins {
+  // The storages an op holds while it runs (resident, never evicted: Note [Operands held for an
+  // op], runtime/runtime.cc), released when it returns; KeepPinned() pins them for good as well
+  // (Note [Unmanaged operands], fallback.cc).
+  class OpOperands {
    public:
-    OpPins(Engine* e, const char* op) : e_(e), op_(op) {}
+    OpOperands(Engine* e, const char* op) : e_(e), op_(op) {}
     void Add(StorageId id) {
-      e_->Check(e_->rt_->Pin(id), op_);
+      e_->Check(e_->rt_->HoldOperand(id), op_);
       ids_.push_back(id);
     }
     void KeepPinned(absl::string_view why) {
-      for (StorageId id : ids_) e_->SetPinOrigin(id, absl::StrCat(op_, ": ", why));
-      ids_.clear();
+      for (StorageId id : ids_) {
+        e_->Check(e_->rt_->Pin(id), op_);
+        e_->SetPinOrigin(id, absl::StrCat(op_, ": ", why));
+      }
     }
-    ~OpPins() {
-      for (StorageId id : ids_)
-        if (e_->rt_->storage(id)) (void)e_->rt_->Unpin(id);
+    ~OpOperands() {
+      for (StorageId id : ids_) e_->rt_->ReleaseOperand(id);
     }
 
    private:

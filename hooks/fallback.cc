@@ -5,10 +5,10 @@
 //
 // Note [Recording without knowing the outputs]
 // Runtime::Compute needs the number and sizes of the outputs before it runs the op, which the
-// torch layer only knows afterwards. So the fallback pins the inputs (Runtime::Pin makes them
-// resident and unevictable), runs the op, and then calls Compute with an execute callback that
-// returns the measured cost. Allocations inside the op may evict other storages (the new outputs
-// are not tracked yet, so they cannot be chosen).
+// torch layer only knows afterwards. So the fallback holds the inputs (Runtime::HoldOperand makes
+// them resident and unevictable, Note [Operands held for an op]), runs the op, and then calls
+// Compute with an execute callback that returns the measured cost. Allocations inside the op
+// may evict other storages (the new outputs are not tracked yet, so they cannot be chosen).
 #include "hooks/fallback.h"
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "hooks/engine.h"
 #include "hooks/torch_compat.h"
@@ -42,26 +43,44 @@ static bool ReturnsHideTensors(const torch::jit::Stack& stack, size_t nret) {
   return false;
 }
 
+namespace {
+
+// A tensor operand as the fallback first sees it; its layout is read only if the op is recorded.
+struct Operand {
+  Path path;
+  StorageId sid;
+  bool is_optional_list = false;
+};
+using Operands = absl::InlinedVector<Operand, 8>;
+
+}  // namespace
+
 // The arguments of a recorded op with its tensor operands taken out: storages are referenced by
 // id (foreign ones stay alive through their entry), Python numbers kept by value (Note [Python
-// numbers are kept by value], replay_record.h).
-// Takes the operand lists (the fallback has no further use for them).
-static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base,
-                           std::vector<TensorArg>&& tensors, std::vector<ScalarArg>&& scalars) {
+// numbers are kept by value], replay_record.h), each operand's layout read from the stack.
+// Takes the scalar list (the fallback has no further use for it).
+static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base, const Operands& operands,
+                           std::vector<ScalarArg>&& scalars) {
   // Operands that are whole arguments are never copied (CopyArgs leaves an undefined tensor in
   // their place); list elements are replaced in the copied lists.
   uint64_t whole = 0;
   auto is_whole = [](const Path& p) { return p.elem < 0 && p.index < 64; };
-  for (const TensorArg& ta : tensors)
-    if (is_whole(ta.path)) whole |= uint64_t(1) << ta.path.index;
+  for (const Operand& o : operands)
+    if (is_whole(o.path)) whole |= uint64_t(1) << o.path.index;
   for (const ScalarArg& sa : scalars)
     if (is_whole(sa.path)) whole |= uint64_t(1) << sa.path.index;
-  rr->args = CopyArgs(stack.data() + base, stack.data() + stack.size(), whole);
-  for (const TensorArg& ta : tensors)
-    if (!is_whole(ta.path)) PutAt(rr->args, ta.path, at::Tensor(), ta.is_optional_list);
+  CopyArgs(stack.data() + base, stack.data() + stack.size(), &rr->args, whole);
+  rr->tensors.reserve(operands.size());
+  for (const Operand& o : operands) {
+    if (!is_whole(o.path)) PutAt(rr->args, o.path, at::Tensor(), o.is_optional_list);
+    TensorArg& ta = rr->tensors.emplace_back();  // in place: moving a TensorMeta copies its dimensions
+    ta.path = o.path;
+    ta.sid = o.sid;
+    ta.meta.Set(GetAt(stack, base, o.path));
+    ta.is_optional_list = o.is_optional_list;
+  }
   for (const ScalarArg& sa : scalars)
     if (!is_whole(sa.path)) PutAt(rr->args, sa.path, at::Tensor(), sa.is_optional_list);
-  rr->tensors = std::move(tensors);
   rr->scalars = std::move(scalars);
 }
 
@@ -93,7 +112,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Python call that does not release the GIL, such as Tensor.numpy()'s detach) then deadlocks
   // with this one (seen: two training threads, one in clone, one in numpy). These copies keep the
   // arguments alive until after mu_ is released: declared before the lock, destroyed after it.
-  const std::vector<c10::IValue> arguments_alive(stack->begin() + base, stack->end());
+  // Inline: most ops have at most eight arguments, and this copy then allocates nothing.
+  const absl::InlinedVector<c10::IValue, 8> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
   auto it = infos_.find(&schema);
   if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
@@ -156,7 +176,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Note [Unmanaged operands]: an op with a tensor dtr cannot record or replay (sparse,
   // quantized, nested, a Python-key subclass, another device) runs unrecorded, but its
   // operands that are ours must be resident while it runs (a sparse.mm(coo, h) with an evicted
-  // h would read unallocated memory): they are pinned for the op's duration. Its outputs become
+  // h would read unallocated memory): they are held for the op's duration. Its outputs become
   // constants when first used.
   bool unmanaged = false;
   auto written_arg = [&](const Path& p) {
@@ -171,7 +191,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   });
   if (unmanaged) {
     Busy busy(this);
-    OpPins held(this, info.name.c_str());
+    OpOperands held(this, info.name.c_str());
     ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
       if (!Manageable(t)) return;
       if (Entry* e = EntryOf(t, false)) held.Add(e->sid);
@@ -191,8 +211,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (++ops_seen_ % 4096 == 0) Sweep();
 
   // Input storages (registering unknown ones as constants).
-  std::vector<TensorArg> targs;
-  targs.reserve(nargs);
+  Operands operands;
   absl::InlinedVector<StorageId, 8> in_sids;
   absl::InlinedVector<StorageId, 2> written;
   absl::InlinedVector<Entry*, 8> in_entries;
@@ -230,11 +249,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     Entry* e = EntryOf(t, true);
     if (managed_ == ManagedDevice::kCuda && e->slot != nullptr && e->slot->mem != nullptr && e->slot->cuda_device >= 0)
       NoteCudaUse(e->slot);  // Note [Streams of evictable memory]
-    TensorArg& ta = targs.emplace_back();  // in place: moving a TensorMeta copies its dimensions
-    ta.path = p;
-    ta.sid = e->sid;
-    ta.meta.Set(t);
-    ta.is_optional_list = optl;
+    operands.push_back({p, e->sid, optl});
     in_sids.push_back(e->sid);
     in_entries.push_back(e);
     unrecordable_inputs = unrecordable_inputs || e->changeable();
@@ -264,7 +279,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // Rule 6: a random op's record needs the generator state it drew from.
     if (info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6))) {
       rr = new ReplayRecord(op);
-      RecordOperands(rr, *stack, base, std::move(targs), std::move(scalar_args));
+      RecordOperands(rr, *stack, base, operands, std::move(scalar_args));
       if (info.gen_arg >= 0) {
         rr->gen_arg = info.gen_arg;
         rr->gen_device = written_device.is_cuda() ? written_device : c10::Device(c10::DeviceType::CPU);
@@ -329,8 +344,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // Make every input resident and unevictable while the op runs (Note [Recording without knowing
   // the outputs]).
-  OpPins pinned(this, info.name.c_str());
-  for (StorageId id : in_sids) pinned.Add(id);
+  OpOperands held(this, info.name.c_str());
+  for (StorageId id : in_sids) held.Add(id);
 
   if (info.kind == Kind::kView || info.kind == Kind::kOpaque || info.kind == Kind::kMutate ||
       unrecordable_inputs) {
@@ -338,7 +353,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     const uint64_t serial0 = LastSlotSerial();
     double cost = timed_pass();
     const size_t nret = schema.returns().size();
-    if (ReturnsHideTensors(*stack, nret)) pinned.KeepPinned("its results may hold its operands' memory");
+    if (ReturnsHideTensors(*stack, nret)) held.KeepPinned("its results may hold its operands' memory");
     if (info.kind != Kind::kView)
       TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                            unrecordable_inputs ? "reads memory that may change outside PyTorch" : "not replayable");
@@ -353,7 +368,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
   // ---- a functional op: record it ----
   ReplayRecord* rr = new ReplayRecord(op);
-  RecordOperands(rr, *stack, base, std::move(targs), std::move(scalar_args));
+  RecordOperands(rr, *stack, base, operands, std::move(scalar_args));
   if (bn_training) {
     rr->args[3] = c10::IValue();
     rr->args[4] = c10::IValue();
@@ -494,7 +509,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return;
   }
   // When in doubt, pin: the inputs stay resident for good.
-  if (hidden_alias) pinned.KeepPinned("an output may hold an input's storage (sparse, nested)");
+  if (hidden_alias) held.KeepPinned("an output may hold an input's storage (sparse, nested)");
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
     delete rr;

@@ -40,19 +40,6 @@ bool TensorMeta::Matches(const at::Tensor& t) const {
          t.scalar_type() == dtype && t.is_conj() == conj && t.is_neg() == neg;
 }
 
-std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end, uint64_t leave_out) {
-  std::vector<c10::IValue> out;
-  out.reserve(end - begin);
-  for (const c10::IValue* a = begin; a != end; ++a) {
-    const size_t i = size_t(a - begin);
-    if (i < 64 && (leave_out >> i & 1) != 0) out.emplace_back(at::Tensor());
-    else if (!a->isList()) out.push_back(*a);  // isTensorList (not inline) implies isList
-    else if (a->isTensorList()) out.emplace_back(a->toTensorList().copy());
-    else out.emplace_back(a->toList().copy());
-  }
-  return out;
-}
-
 namespace {
 
 // The CPU's flush-to-zero state, which torch.set_flush_denormal sets and ATen cannot read back.
@@ -202,18 +189,6 @@ at::Tensor ScalarArg::Make() const {
   at::Tensor t = at::scalar_tensor(value, at::TensorOptions().dtype(dtype).device(device));
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;
-}
-
-void PutAt(std::vector<c10::IValue>& args, const Path& p, at::Tensor t, bool optional_list) {
-  if (p.elem < 0) {
-    args[p.index] = std::move(t);
-  } else if (optional_list) {
-    auto l = args[p.index].toList();
-    l.set(p.elem, c10::IValue(std::move(t)));
-  } else {
-    auto l = args[p.index].toTensorList();
-    l.set(p.elem, std::move(t));
-  }
 }
 
 at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p) {

@@ -86,10 +86,15 @@ struct OutputSpec {
 
 // The runtime's OpRecord::handle of a recorded op (the runtime owns it: Engine::OnOpDropped
 // deletes it).
+// What a record keeps of its op's arguments and tensor operands. Most ops have at most four
+// arguments and two tensor operands: inline, so recording one allocates neither list.
+using RecordedArgs = absl::InlinedVector<c10::IValue, 4>;
+using RecordedTensors = absl::InlinedVector<TensorArg, 2>;
+
 struct ReplayRecord {
   c10::OperatorHandle op;
-  std::vector<c10::IValue> args;  // tensors replaced by None; lists keep their shape
-  std::vector<TensorArg> tensors;
+  RecordedArgs args;  // tensors replaced by None; lists keep their shape
+  RecordedTensors tensors;
   std::vector<ScalarArg> scalars;  // Note [Python numbers are kept by value]
   // Aligned with OpRecord::outputs (creating ops). Most ops have one: inline, so recording one
   // allocates nothing for it.
@@ -160,15 +165,38 @@ void ForEachTensor(const c10::IValue* begin, size_t n, F&& f) {
   }
 }
 
-// Copies arguments, deep-copying lists (c10::List has reference semantics). Bit i of
-// `leave_out` set: argument i is not copied, an undefined tensor takes its place.
-std::vector<c10::IValue> CopyArgs(const c10::IValue* begin, const c10::IValue* end, uint64_t leave_out = 0);
+// Copies arguments into *out (cleared first), deep-copying lists (c10::List has reference
+// semantics). Bit i of `leave_out` set: argument i is not copied, an undefined tensor takes its
+// place. Args: a std::vector (a replay's stack) or RecordedArgs.
+template <typename Args>
+void CopyArgs(const c10::IValue* begin, const c10::IValue* end, Args* out, uint64_t leave_out = 0) {
+  out->clear();
+  out->reserve(end - begin);
+  for (const c10::IValue* a = begin; a != end; ++a) {
+    const size_t i = size_t(a - begin);
+    if (i < 64 && (leave_out >> i & 1) != 0) out->emplace_back(at::Tensor());
+    else if (!a->isList()) out->push_back(*a);  // isTensorList (not inline) implies isList
+    else if (a->isTensorList()) out->emplace_back(a->toTensorList().copy());
+    else out->emplace_back(a->toList().copy());
+  }
+}
 
 // A CPU tensor over `impl` with the layout `m`.
 at::Tensor MakeTensor(const c10::intrusive_ptr<c10::StorageImpl>& impl, const TensorMeta& m);
 
-// Puts `t` at `p` in `args` (`optional_list`: a Tensor?[] argument).
-void PutAt(std::vector<c10::IValue>& args, const Path& p, at::Tensor t, bool optional_list);
+// Puts `t` at `p` in `args` (`optional_list`: a Tensor?[] argument); Args as for CopyArgs.
+template <typename Args>
+void PutAt(Args& args, const Path& p, at::Tensor t, bool optional_list) {
+  if (p.elem < 0) {
+    args[p.index] = std::move(t);
+  } else if (optional_list) {
+    auto l = args[p.index].toList();
+    l.set(p.elem, c10::IValue(std::move(t)));
+  } else {
+    auto l = args[p.index].toTensorList();
+    l.set(p.elem, std::move(t));
+  }
+}
 
 // The tensor at `p` of the list that starts at s[base].
 at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p);

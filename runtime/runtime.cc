@@ -345,6 +345,35 @@ absl::Status Runtime::Unpin(StorageId id) {
   return absl::OkStatus();
 }
 
+// Note [Operands held for an op]
+// The torch layer runs an op before it records it (Note [Recording without knowing the
+// outputs], hooks/fallback.cc), so its operands must be resident and unevictable while it runs,
+// and the op's allocations may evict anything else. A pin did that, but a pinned storage leaves
+// the evictable pool and comes back at its end (Note [Evictable pool]), two moves per operand of
+// every op, and the pool's order then differed from the simulator's, where an op's inputs are
+// only locked. An operand is held by a lock instead, as Compute then locks it: it stays in the
+// pool, skipped while locked (Note [Candidate table]). The rest is Pin's: it is brought back if
+// evicted, under the lock, and touched then (Note [Staleness of replayed storages]); a release
+// deferred while it was held applies once the last lock goes (Unlock). Measured (callgrind, the
+// small-op loop of bench/op_overhead.py): about 0.8k instructions an op less than pins
+// (bench/results/runtime.md, "Per-op bookkeeping").
+absl::Status Runtime::HoldOperand(StorageId id) {
+  if (auto r = Lookup(id, "hold"); !r.ok()) return r.status();
+  Lock(id);
+  const bool brought_back = !rec(id).resident();
+  absl::Status s = Materialize(id);
+  if (!s.ok()) Unlock(id);
+  else if (brought_back) Touch(id);
+  DrainCollection();
+  return s;
+}
+
+void Runtime::ReleaseOperand(StorageId id) {
+  if (!storages_.Contains(id)) return;
+  Unlock(id);
+  DrainCollection();
+}
+
 absl::Status Runtime::SetHandle(StorageId id, uint64_t handle) {
   auto r = Lookup(id, "set handle");
   if (!r.ok()) return r.status();

@@ -97,6 +97,10 @@ class Runtime {
   // Pinned storages are resident and never evicted until unpinned.
   absl::Status Pin(StorageId id);
   absl::Status Unpin(StorageId id);
+  // Note [Operands held for an op] (runtime.cc): makes `id` resident and keeps it so, as a pin
+  // would, until ReleaseOperand; for the operands of an op the driver runs before recording it.
+  absl::Status HoldOperand(StorageId id);
+  void ReleaseOperand(StorageId id);
   absl::Status SetHandle(StorageId id, uint64_t handle);
   // Corrects an op's recorded cost by `delta` once its true cost is known (a GPU kernel's time,
   // read after the op was recorded: Note [Deferred op costs], deferred_costs.h). Every storage

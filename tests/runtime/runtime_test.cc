@@ -286,6 +286,40 @@ TEST_F(RuntimeTest, PinnedStoragesAreNotEvicted) {
   Check();
 }
 
+// Note [Operands held for an op]: a held operand is brought back, is never a victim while held,
+// counts as locked (not pinned), and a drop while held applies at its release.
+TEST_F(RuntimeTest, HeldOperandsAreBroughtBackNotEvictedAndDroppedAtRelease) {
+  Make(25);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->HoldOperand(a).ok());
+  EXPECT_TRUE(Resident(a));
+  EXPECT_EQ(rt_->storage(a)->locks, 1u);
+  EXPECT_EQ(rt_->storage(a)->pins, 0u);
+  // Between the ops of a program nothing is held (CheckInvariants says so): these run inside
+  // the op that holds a, so they are not checked one by one.
+  auto b = rt_->Compute({"b", {&x, 1}, {std::vector<uint64_t>{10}}, true, 0},
+                        [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_TRUE(b.ok()) << b.status();
+  // 1 + 10 + 10 + 10 > 25: someone goes, and it is not the held a.
+  auto c = rt_->Compute({"c", {&x, 1}, {std::vector<uint64_t>{10}}, true, 0},
+                        [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(Resident(a));
+  EXPECT_FALSE(Resident((*b)[0]));
+  EXPECT_FALSE(rt_->Evict(a).ok());
+  auto big = rt_->Compute({"big", {&x, 1}, {std::vector<uint64_t>{20}}, true, 0},
+                          [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_FALSE(big.ok());
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("11 B locked by the operation in progress, 0 B pinned"));
+  ASSERT_TRUE(rt_->DropRef(a).ok());
+  EXPECT_TRUE(rt_->storage(a) != nullptr && Resident(a));  // held: the drop waits
+  rt_->ReleaseOperand(a);
+  EXPECT_TRUE(rt_->storage(a) == nullptr || !Resident(a));
+  Check();
+}
+
 TEST_F(RuntimeTest, InfeasibleBudgetFailsWithAnExplanationAndChangesNothing) {
   Make(100);
   StorageId x = Const(60);
