@@ -84,13 +84,13 @@ struct OutputSpec {
   size_t nbytes = 0;
 };
 
-// The runtime's OpRecord::handle of a recorded op (the runtime owns it: Engine::OnOpDropped
-// deletes it).
 // What a record keeps of its op's arguments and tensor operands. Most ops have at most four
 // arguments and two tensor operands: inline, so recording one allocates neither list.
 using RecordedArgs = absl::InlinedVector<c10::IValue, 4>;
 using RecordedTensors = absl::InlinedVector<TensorArg, 2>;
 
+// The runtime's OpRecord::handle of a recorded op (the runtime owns it: Engine::OnOpDropped
+// deletes it).
 struct ReplayRecord {
   c10::OperatorHandle op;
   RecordedArgs args;  // tensors replaced by None; lists keep their shape

@@ -314,11 +314,16 @@ absl::Status Runtime::DropRef(StorageId id) {
   return absl::OkStatus();
 }
 
+absl::Status Runtime::LockAndBringBack(StorageId id, bool* brought_back) {
+  Lock(id);
+  *brought_back = !rec(id).resident();
+  return Materialize(id);
+}
+
 absl::Status Runtime::Pin(StorageId id) {
   if (auto r = Lookup(id, "pin"); !r.ok()) return r.status();
-  Lock(id);
-  const bool brought_back = !rec(id).resident();
-  absl::Status s = Materialize(id);
+  bool brought_back;
+  absl::Status s = LockAndBringBack(id, &brought_back);
   Unlock(id);
   if (s.ok()) {
     // Pinning is the program's use (its data is handed out), so a storage it brings back is
@@ -359,9 +364,8 @@ absl::Status Runtime::Unpin(StorageId id) {
 // (bench/results/runtime.md, "Per-op bookkeeping").
 absl::Status Runtime::HoldOperand(StorageId id) {
   if (auto r = Lookup(id, "hold"); !r.ok()) return r.status();
-  Lock(id);
-  const bool brought_back = !rec(id).resident();
-  absl::Status s = Materialize(id);
+  bool brought_back;
+  absl::Status s = LockAndBringBack(id, &brought_back);
   if (!s.ok()) Unlock(id);
   else if (brought_back) Touch(id);
   DrainCollection();

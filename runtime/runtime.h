@@ -312,6 +312,9 @@ class Runtime {
   void Await(StorageId id);
   void Unawait(StorageId id);
   absl::Status Materialize(StorageId target);
+  // Pin's and HoldOperand's first step: locks `id`, then brings it back if it is evicted (under
+  // the lock); *brought_back says whether it was. The lock is the caller's to keep or drop.
+  absl::Status LockAndBringBack(StorageId id, bool* brought_back);
   absl::Status ReplayFirstOp(StorageId id);
   absl::Status ReplayInPlaceOp(StorageId id, size_t stage);
   // Checks the limit, makes room for output_bytes and the op's workspace, replays, counts.
