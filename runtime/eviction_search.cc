@@ -7,7 +7,6 @@
 #include <random>
 #include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/bytes.h"
@@ -147,27 +146,31 @@ void Runtime::SyncPool(StorageId id) {
 
 // ---- Victim search --------------------------------------------------------------------------
 
-Runtime::PartialScore Runtime::StartScore(const PoolEntry& e) {
+// Inline in the searches below: every candidate of every search starts here.
+inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e) {
   ++stats_.candidates_scored;
   PartialScore p;
   p.kind = config_.heuristic;
   p.in.cost = e.cost;
   p.in.size = double(e.size);
   p.in.staleness = std::max(now_ - e.last_access, 0.0) + 1.0;
-  p.in.random = config_.heuristic == HeuristicKind::kRandom
-                    ? std::uniform_real_distribution<double>(0, 1)(rng_)
-                    : 0;
+  if (config_.heuristic == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
   const bool thrash = config_.thrash_damping > 0 && (e.flags & PoolEntry::kRemats);
   const bool rebuilt = rebuilds_underway_ > 0 && (e.flags & PoolEntry::kRebuilt);
-  if (!thrash && !rebuilt) return p;  // no factor: the entry is all there is to read
-  const StorageRecord& r = rec(e.id);
+  if (thrash || rebuilt) p.damping = Damping(e.id, thrash, rebuilt);  // else the entry is all there is to read
+  return p;
+}
+
+double Runtime::Damping(StorageId id, bool thrash, bool rebuilt) {
+  const StorageRecord& r = rec(id);
+  double damping = 1;
   if (thrash) {
     double age = double(op_counter_ - r.last_remat_op) / double(config_.thrash_half_life_ops);
-    p.damping = 1 + config_.thrash_damping * r.recent_remats * std::exp2(-age);
+    damping = 1 + config_.thrash_damping * r.recent_remats * std::exp2(-age);
   }
   // Note [Rebuilt segments] (remat.cc): on top of Note [Thrashing]'s factor, not instead of it.
-  if (rebuilt && r.rebuild_epoch == rebuild_epoch_) p.damping *= config_.rebuild_protection;
-  return p;
+  if (rebuilt && r.rebuild_epoch == rebuild_epoch_) damping *= config_.rebuild_protection;
+  return damping;
 }
 
 double Runtime::PartialScore::CostLimit(double above) const {
@@ -221,6 +224,15 @@ double Runtime::ScoreOf(StorageId id) {
 // its peak the walks visited 11.1M storages instead of 29.2M (0.32 s against 0.46 s of
 // simulation); on the traced TreeLSTM and DenseNet (bench/activation_budgets.py) at 0.5 of their
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
+// Since stop 43 only the walks are sorted (about a quarter of a sample in runtime_bench's
+// fixture): a candidate with no evicted neighbor is scored in one pass and the keep best of them
+// join the kept pairs as the walks pass their scores, so each walk is held to the same score as
+// before, ties apart (which order equal scores differently: how far a walk goes, never a
+// decision). The kept pairs are also what a sampled search carries (ChooseVictim no longer sorts
+// its scored candidates). dtr-sim on 264 runs of generated traces (chain, U-Net, TreeLSTM,
+// random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact, never whole): the same
+// decisions in all, visits different in 33 (ties: 22 fewer, 11 more; 4.6570e9 in all, +0.001%).
+// runtime_bench, a decision at 1e5 storages: 12.4-17.2 us -> 7.8-9.2 us (bench/results/runtime.md).
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 // Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would
@@ -274,62 +286,99 @@ void Runtime::PrefetchNeighborhoods() const {
   }
 }
 
+void Runtime::KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
+  const size_t n = best->size();
+  if (n == keep && !(entry < best->back())) return;
+  Scored* kept = best->data();
+  size_t place = n;  // after every pair not above entry (an insertion sort: the list is short)
+  while (place > 0 && entry < kept[place - 1]) --place;
+  // A storage drawn twice is scored the same twice: the equal pair lies just before the place.
+  if (place > 0 && kept[place - 1].id == entry.id) return;
+  size_t last = n;  // the pair at keep - 1 leaves a full list
+  if (n < keep) {
+    best->push_back(entry);
+    kept = best->data();
+  } else {
+    last = keep - 1;
+  }
+  for (size_t j = last; j > place; --j) kept[j] = kept[j - 1];
+  kept[place] = entry;
+}
+
 void Runtime::ScoreCandidates(size_t keep, double small) {
   const size_t count = candidates_.size();
   candidate_scores_.assign(count, kUnscored);
-  // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves, and
-  // so would ordering candidates whose neighborhood costs take no walk.
-  if (!NeighborhoodWalks() || !config_.cut_losing_walks || keep > kMaxKeptForCutting) {
+  best_.clear();
+  // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves.
+  const bool keep_best = keep <= kMaxKeptForCutting;
+  auto record_score = [&](size_t i, double score) {
+    candidate_scores_[i] = score;
+    return Scored{score, candidates_[i].entry.id, candidates_[i].pool_index, uint32_t(i)};
+  };
+  if (!keep_best || !NeighborhoodWalks() || !config_.cut_losing_walks) {
     if (neighborhood_ == NeighborhoodKind::kUnionFind && count <= kMaxPrefetchedCandidates &&
         storages_.size() >= kMinStoragesToPrefetch)
       PrefetchNeighborhoods();
-    for (size_t i = 0; i < count; ++i)
-      if (!Skipped(candidates_[i].entry)) candidate_scores_[i] = ScoreUnchecked(candidates_[i].entry);
+    for (size_t i = 0; i < count; ++i) {
+      const PoolEntry& e = candidates_[i].entry;
+      if (Skipped(e)) continue;
+      const Scored entry = record_score(i, ScoreUnchecked(e));
+      if (keep_best && double(e.size) >= small) KeepIfAmongBest(entry, keep, &best_);
+    }
     return;
   }
-  // The keep best distinct (score, id) pairs so far among the storages that are not small,
-  // sorted; the best small score so far.
-  absl::InlinedVector<std::pair<double, StorageId>, kCarriedCandidates + 1> best;
-  double best_small = std::numeric_limits<double>::infinity();
+  // Note [Bounded victim search]: walks go in the order of their bounds, each against the
+  // candidates before it in that order. A candidate without an evicted neighbor is scored in
+  // full here (its bound is its score) and is not sorted: it only adds its score to what the
+  // walks after it must beat, and only the keep best of them (unflagged_best_) and the best small
+  // one can. They join best_ as the walks pass them.
   std::vector<PartialScore>& partial = partial_scores_;
   partial.resize(count);
   search_order_.clear();
+  unflagged_best_.clear();
+  Scored best_small_unflagged{std::numeric_limits<double>::infinity(), StorageId{}, 0, 0};
   for (size_t i = 0; i < count; ++i) {
     const PoolEntry& e = candidates_[i].entry;
     if (Skipped(e)) continue;
     const PartialScore p = StartScore(e);
-    // Without an evicted neighbor the score is this bound (EntryNeighborhoodCost is 0).
-    if (e.flags & PoolEntry::kNeighborEvicted) partial[i] = p;
-    search_order_.push_back({p.Final(0), uint32_t(i)});
+    const double bound = p.Final(0);
+    if (e.flags & PoolEntry::kNeighborEvicted) {
+      partial[i] = p;
+      search_order_.push_back({bound, uint32_t(i)});
+    } else if (double(e.size) < small) {
+      if (bound < best_small_unflagged.score) best_small_unflagged = record_score(i, bound);
+      else candidate_scores_[i] = bound;
+    } else {
+      KeepIfAmongBest(record_score(i, bound), keep, &unflagged_best_);
+    }
   }
   std::sort(search_order_.begin(), search_order_.end());
+  // Whether an unflagged candidate comes before a walk at (bound, index) in that order.
+  auto before = [](const Scored& u, double bound, uint32_t index) {
+    return u.score < bound || (u.score == bound && u.candidate < index);
+  };
+  double best_small = std::numeric_limits<double>::infinity();  // of the walked small ones
+  size_t next_unflagged = 0;
   for (const auto& [lower_bound, i] : search_order_) {
+    while (next_unflagged < unflagged_best_.size() && before(unflagged_best_[next_unflagged], lower_bound, i))
+      KeepIfAmongBest(unflagged_best_[next_unflagged++], keep, &best_);
     const PoolEntry& e = candidates_[i].entry;
-    const StorageId id = e.id;
     const bool is_small = double(e.size) < small;
-    const double above = is_small ? best_small
-                         : best.size() < keep ? std::numeric_limits<double>::infinity()
-                                              : best.back().first;
+    const double above =
+        is_small ? std::min(best_small, before(best_small_unflagged, lower_bound, i)
+                                            ? best_small_unflagged.score
+                                            : std::numeric_limits<double>::infinity())
+        : best_.size() < keep ? std::numeric_limits<double>::infinity()
+                              : best_.back().score;
     if (lower_bound > above) continue;
-    double score = lower_bound;
-    if (e.flags & PoolEntry::kNeighborEvicted) {
-      bool stopped = false;
-      const double nc = EntryNeighborhoodCost(e, &partial[i], above, &stopped);
-      if (stopped) continue;
-      score = partial[i].Final(nc);
-    }
-    candidate_scores_[i] = score;
-    if (is_small) {
-      best_small = std::min(best_small, score);
-      continue;
-    }
-    const std::pair<double, StorageId> entry{score, id};
-    if (std::find_if(best.begin(), best.end(), [&](const auto& e) { return e.second == id; }) != best.end())
-      continue;
-    if (best.size() == keep && !(entry < best.back())) continue;
-    if (best.size() == keep) best.pop_back();
-    best.insert(std::upper_bound(best.begin(), best.end(), entry), entry);
+    bool stopped = false;
+    const double nc = EntryNeighborhoodCost(e, &partial[i], above, &stopped);
+    if (stopped) continue;
+    const Scored entry = record_score(i, partial[i].Final(nc));
+    if (is_small) best_small = std::min(best_small, entry.score);
+    else KeepIfAmongBest(entry, keep, &best_);
   }
+  while (next_unflagged < unflagged_best_.size()) KeepIfAmongBest(unflagged_best_[next_unflagged++], keep, &best_);
 }
 
 size_t Runtime::SampleSize(size_t n) const {
@@ -362,21 +411,19 @@ bool Runtime::DrawCandidates() {
   }
   // Draw the whole sample and start loading its entries before reading any: the pool is in no
   // useful memory order, and the loads then overlap instead of missing one after another.
-  const size_t carried = candidates_.size();
-  candidates_.resize(carried + samples);
   std::uniform_int_distribution<size_t> pick(0, n - 1);
-  for (size_t i = carried; i < candidates_.size(); ++i) {
-    const uint32_t index = uint32_t(pick(rng_));
-    candidates_[i].pool_index = index;
+  drawn_indices_.resize(samples);
+  for (uint32_t& index : drawn_indices_) {
+    index = uint32_t(pick(rng_));
     const char* entry = reinterpret_cast<const char*>(&pool_[index]);
     __builtin_prefetch(entry);
     __builtin_prefetch(entry + sizeof(PoolEntry) - 1);
   }
   // Then start loading the records that scoring will read: those with a neighborhood to walk.
-  for (size_t i = carried; i < candidates_.size(); ++i) {
-    const PoolEntry& e = candidates_[i].entry = pool_[candidates_[i].pool_index];
-    if ((e.flags & PoolEntry::kNeighborEvicted) && !EntryCostReusable(e))
-      storages_.Prefetch(e.id);
+  for (const uint32_t index : drawn_indices_) {
+    const PoolEntry& e = pool_[index];
+    candidates_.push_back({e, index});
+    if ((e.flags & PoolEntry::kNeighborEvicted) && !EntryCostReusable(e)) storages_.Prefetch(e.id);
   }
   return true;
 }
@@ -394,7 +441,6 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   double best = 0, best_small = 0;
   uint64_t best_unread_size = 0, best_awaited_size = 0;
   StorageId best_id, best_small_id, best_unread_id, best_awaited_id;
-  scored_.clear();
   // Takes candidates_[i] with its score from ScoreCandidates.
   auto consider = [&](size_t i) {
     const PoolEntry& e = candidates_[i].entry;
@@ -415,31 +461,16 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
       if (!best_small_id.valid() || score < best_small) best_small = score, best_small_id = id;
       return;
     }
-    scored_.push_back({score, id, candidates_[i].pool_index});
     if (!best_id.valid() || score < best) best = score, best_id = id;
   };
   if (DrawCandidates()) {
     ScoreCandidates(kCarriedCandidates + 1, small);
     for (size_t i = 0; i < candidates_.size(); ++i) consider(i);
-    // Carry the runners-up (distinct, best first) into the next search. Only the head needs
-    // sorting: a sample may hold a storage more than once, so the head is twice the carried
-    // count, and all of it is sorted in the rare case that is still too few.
-    auto carry = [&](size_t head) {
-      carried_.clear();
-      for (size_t i = 0; i < head && carried_.size() < kCarriedCandidates; ++i) {
-        const StorageId id = scored_[i].id;
-        if (id != best_id && (carried_.empty() || carried_.back().first != id))
-          carried_.push_back({id, scored_[i].pool_index});
-      }
-    };
-    const size_t head = std::min(scored_.size(), 2 * kCarriedCandidates + 1);
-    if (head < scored_.size()) std::nth_element(scored_.begin(), scored_.begin() + head, scored_.end());
-    std::sort(scored_.begin(), scored_.begin() + head);
-    carry(head);
-    if (carried_.size() < kCarriedCandidates && head < scored_.size()) {
-      std::sort(scored_.begin(), scored_.end());
-      carry(scored_.size());
-    }
+    // Carry the runners-up (distinct, best first) into the next search: ScoreCandidates kept
+    // the best kCarriedCandidates + 1, the victim among them.
+    carried_.clear();
+    for (const Scored& c : best_)
+      if (c.id != best_id && carried_.size() < kCarriedCandidates) carried_.push_back({c.id, c.pool_index});
     if (!best_id.valid()) {  // nothing usable in the sample: search the whole pool
       best_small_id = best_unread_id = best_awaited_id = StorageId{};
       DrawWholePool();

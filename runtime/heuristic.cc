@@ -56,23 +56,4 @@ absl::StatusOr<HeuristicKind> ParseHeuristic(absl::string_view name) {
 
 std::string HeuristicName(HeuristicKind kind) { return std::string(InfoFor(kind).name); }
 
-double Score(HeuristicKind kind, const ScoreInputs& in) {
-  switch (kind) {
-    case HeuristicKind::kDtrEq:
-    case HeuristicKind::kDtr:
-      return (in.cost + in.neighborhood_cost) / (in.size * in.staleness);
-    case HeuristicKind::kDtrLocal:
-      return in.cost / (in.size * in.staleness);
-    case HeuristicKind::kLru:
-      return 1.0 / in.staleness;
-    case HeuristicKind::kSize:
-      return 1.0 / in.size;
-    case HeuristicKind::kMsps:
-      return (in.cost + in.neighborhood_cost) / in.size;
-    case HeuristicKind::kRandom:
-      return in.random;
-  }
-  return 0;
-}
-
 }  // namespace dtr

@@ -253,6 +253,8 @@ class Runtime {
   // From the candidate's pool entry; reads its record only for a damping factor (Note
   // [Candidate table]).
   PartialScore StartScore(const PoolEntry& e);
+  // The thrash and rebuild factors, from the record (Note [Thrashing], Note [Rebuilt segments]).
+  double Damping(StorageId id, bool thrash, bool rebuilt);
   // The neighborhood cost of `id` per neighborhood_. Given `bound`, a walk stops as soon as
   // bound->Final(cost so far) exceeds `above`, returning the partial cost with *stopped set
   // (Note [Bounded victim search]).
@@ -292,7 +294,8 @@ class Runtime {
   }
   double ScoreUnchecked(const PoolEntry& e);
   // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
-  // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]).
+  // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]); for
+  // keep <= 64 (kMaxKeptForCutting), best_ holds those that are not small, best first.
   void ScoreCandidates(size_t keep, double small);
   // Starts loading what the union-find neighborhood costs of the sampled candidates will read
   // (Note [Prefetched neighborhoods]).
@@ -375,11 +378,17 @@ class Runtime {
     double score;
     StorageId id;
     uint32_t pool_index;
+    uint32_t candidate = 0;  // its index in candidates_, where ScoreCandidates made it
     bool operator<(const Scored& o) const { return score != o.score ? score < o.score : id < o.id; }
   };
+  // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted.
+  static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
-  std::vector<Scored> scored_;                         // scratch for one search
+  std::vector<Scored> scored_;                         // scratch for one ranking
+  std::vector<Scored> best_;                           // ScoreCandidates' best, for one search
+  std::vector<Scored> unflagged_best_;                 // scratch for ScoreCandidates
   std::vector<Drawn> candidates_;                      // scratch for one search
+  std::vector<uint32_t> drawn_indices_;                // scratch for one search: the sample
   std::vector<double> candidate_scores_;               // scratch for one search
   std::vector<PartialScore> partial_scores_;           // scratch for one search
   std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search

@@ -82,6 +82,22 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s;
   }
   bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+  // For the sampled-search tests: samples of 4 even from a small pool (Note [Small pools are
+  // searched whole]), scored 1/size (fixed, whatever the clock), of storages of sizes 1 to 200,
+  // each read by a live recipe (not a result awaiting its reader).
+  void MakeSampledPoolOfSizes1To200() {
+    RuntimeConfig config;
+    config.heuristic = HeuristicKind::kSize;
+    config.min_samples = config.max_samples = 4;
+    config.exhaustive_pool = 0;
+    Make(config);
+    StorageId x = Const(1);
+    for (uint64_t size = 1; size <= 200; ++size) {
+      StorageId s = Op1("op", {x}, size);
+      ASSERT_TRUE(rt_->storage(s) != nullptr);
+      (void)Op1("reader", {s}, 0);
+    }
+  }
   // For the neighborhood cost cache tests: x -> a -> b -> c -> d -> e with costs 1 .. 10000, and
   // y, unrelated, to evict and bring back while time passes; dtr, exact search.
   struct CostChain {
@@ -1309,20 +1325,38 @@ TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEvict
   EXPECT_FALSE(rt_->NextVictim().has_value());
 }
 
+// Note [Victim search]: a sampled search carries its runners-up (the best of its candidates but
+// the victim, at most 16) into the next one. A pool that does not change, searched with samples
+// of 4: the first search scores its sample, the next ones the sample and up to 3 more carried
+// each time, until 16; and the victim, not carried, is rarely the next search's victim again.
+TEST_F(RuntimeTest, SampledVictimSearchCarriesItsRunnersUpButNotItsVictim) {
+  MakeSampledPoolOfSizes1To200();
+  std::vector<uint64_t> scored;
+  std::vector<StorageId> victims;
+  for (int call = 0; call < 40; ++call) {
+    const uint64_t scored_before = rt_->stats().candidates_scored;
+    auto victim = rt_->NextVictim();
+    ASSERT_TRUE(victim.has_value());
+    EXPECT_DOUBLE_EQ(victim->score, 1.0 / double(victim->size));
+    scored.push_back(rt_->stats().candidates_scored - scored_before);
+    victims.push_back(victim->id);
+  }
+  EXPECT_EQ(scored.front(), 4u);
+  for (size_t call = 1; call < scored.size(); ++call) {
+    EXPECT_LE(scored[call], std::min<uint64_t>(scored[call - 1] + 3, 4 + 16)) << "call " << call;
+    EXPECT_GE(scored[call], 4u) << "call " << call;
+  }
+  EXPECT_EQ(scored.back(), 4u + 16u);
+  int repeated = 0;
+  for (size_t call = 1; call < victims.size(); ++call) repeated += victims[call] == victims[call - 1];
+  EXPECT_LE(repeated, 3);  // drawn again by chance: 4 draws of 200, about 2% a search
+  Check();
+}
+
 // Note [Ranked candidates]: in sampled mode a ranking scores the carried runners-up and a
 // sample, not the pool, and carries its best on, so the best it offers never gets worse.
 TEST_F(RuntimeTest, RankedCandidatesInSampledModeScoreASampleAndCarryTheBest) {
-  RuntimeConfig config;
-  config.heuristic = HeuristicKind::kSize;  // score 1/size: fixed, whatever the clock
-  config.min_samples = config.max_samples = 4;
-  config.exhaustive_pool = 0;  // sample even this small pool (Note [Small pools are searched whole])
-  Make(config);
-  StorageId x = Const(1);
-  for (uint64_t size = 1; size <= 200; ++size) {
-    StorageId s = Op1("op", {x}, size);
-    ASSERT_TRUE(rt_->storage(s) != nullptr);
-    (void)Op1("reader", {s}, 0);  // read by a live recipe: not a result awaiting its reader
-  }
+  MakeSampledPoolOfSizes1To200();
   double best = std::numeric_limits<double>::infinity();
   for (int call = 0; call < 50; ++call) {
     const uint64_t scored_before = rt_->stats().candidates_scored;
