@@ -192,7 +192,7 @@ double Runtime::PartialScore::CostLimit(double above) const {
 
 double Runtime::ScoreUnchecked(const PoolEntry& e) {
   const PartialScore p = StartScore(e);
-  return p.Final(EntryNeighborhoodCost(e));
+  return p.FinalInline(EntryNeighborhoodCost(e));
 }
 
 double Runtime::ScoreOf(StorageId id) {
@@ -225,14 +225,20 @@ double Runtime::ScoreOf(StorageId id) {
 // simulation); on the traced TreeLSTM and DenseNet (bench/activation_budgets.py) at 0.5 of their
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
 // Since stop 43 only the walks are sorted (about a quarter of a sample in runtime_bench's
-// fixture): a candidate with no evicted neighbor is scored in one pass and the keep best of them
-// join the kept pairs as the walks pass their scores, so each walk is held to the same score as
-// before, ties apart (which order equal scores differently: how far a walk goes, never a
-// decision). The kept pairs are also what a sampled search carries (ChooseVictim no longer sorts
-// its scored candidates). dtr-sim on 264 runs of generated traces (chain, U-Net, TreeLSTM,
-// random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact, never whole): the same
-// decisions in all, visits different in 33 (ties: 22 fewer, 11 more; 4.6570e9 in all, +0.001%).
-// runtime_bench, a decision at 1e5 storages: 12.4-17.2 us -> 7.8-9.2 us (bench/results/runtime.md).
+// fixture): a candidate with no evicted neighbor is scored in one pass, and those that can be
+// among the kept pairs (scored at most the keep-th best of them, ties included) join them as the
+// walks pass their scores in the same (bound, index) order, so each walk is held to the same score
+// as before. The kept pairs are also what a sampled search carries (ChooseVictim no longer sorts
+// its scored candidates), and the pass scores inline (ScoreInline, runtime/heuristic.h). The same
+// decisions, walks and visits as before: dtr-sim's output is identical on 264 runs of generated
+// traces (chain, U-Net, TreeLSTM, random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact,
+// never whole) and 360 runs of the benchmark models' traces; a review's random-workload harness,
+// comparing victims, ranked lists and carried candidates after every action with the code before,
+// agreed on all 2,592 runs of six heuristics (search modes, sample sizes, small fractions, thrash
+// damping, seeds) and all 1,296 runs of dtr, dtr-eq and msps with the 8-event cache. Not on 72 of
+// 432 runs of random, whose second draw of a storage may now be carried (KeepIfAmongBest).
+// runtime_bench, a decision at 1e5 storages: about 15 us -> 8 us (bench/results/runtime.md,
+// "Victim search bookkeeping").
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 // Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would
@@ -286,13 +292,18 @@ void Runtime::PrefetchNeighborhoods() const {
   }
 }
 
-void Runtime::KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
+void Runtime::KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped) {
   const size_t n = best->size();
-  if (n == keep && !(entry < best->back())) return;
+  if (n == keep && !(entry < best->back())) {
+    if (least_dropped != nullptr) *least_dropped = std::min(*least_dropped, entry.score);
+    return;
+  }
   Scored* kept = best->data();
   size_t place = n;  // after every pair not above entry (an insertion sort: the list is short)
   while (place > 0 && entry < kept[place - 1]) --place;
-  // A storage drawn twice is scored the same twice: the equal pair lies just before the place.
+  // A storage drawn twice is scored the same twice, so the equal pair lies just before the
+  // place; except under random, which draws a score per candidate: there a storage drawn twice
+  // can be kept, and carried, twice.
   if (place > 0 && kept[place - 1].id == entry.id) return;
   size_t last = n;  // the pair at keep - 1 leaves a full list
   if (n < keep) {
@@ -300,6 +311,7 @@ void Runtime::KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scor
     kept = best->data();
   } else {
     last = keep - 1;
+    if (least_dropped != nullptr) *least_dropped = std::min(*least_dropped, kept[last].score);
   }
   for (size_t j = last; j > place; --j) kept[j] = kept[j - 1];
   kept[place] = entry;
@@ -329,19 +341,22 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   }
   // Note [Bounded victim search]: walks go in the order of their bounds, each against the
   // candidates before it in that order. A candidate without an evicted neighbor is scored in
-  // full here (its bound is its score) and is not sorted: it only adds its score to what the
-  // walks after it must beat, and only the keep best of them (unflagged_best_) and the best small
-  // one can. They join best_ as the walks pass them.
+  // full here (its bound is its score) and is not sorted with the walks: it only adds its score
+  // to what the walks after it must beat, and only the best small one and those scored at most
+  // the keep-th best of them can (all tied at that score included: whether one comes before a
+  // walk of the same bound is decided by its index, which the ids' order knows nothing of). They
+  // join best_ as the walks pass them.
   std::vector<PartialScore>& partial = partial_scores_;
   partial.resize(count);
   search_order_.clear();
   unflagged_best_.clear();
   Scored best_small_unflagged{std::numeric_limits<double>::infinity(), StorageId{}, 0, 0};
+  double least_dropped = std::numeric_limits<double>::infinity();  // of those not kept
   for (size_t i = 0; i < count; ++i) {
     const PoolEntry& e = candidates_[i].entry;
     if (Skipped(e)) continue;
     const PartialScore p = StartScore(e);
-    const double bound = p.Final(0);
+    const double bound = p.FinalInline(0);
     if (e.flags & PoolEntry::kNeighborEvicted) {
       partial[i] = p;
       search_order_.push_back({bound, uint32_t(i)});
@@ -349,10 +364,32 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
       if (bound < best_small_unflagged.score) best_small_unflagged = record_score(i, bound);
       else candidate_scores_[i] = bound;
     } else {
-      KeepIfAmongBest(record_score(i, bound), keep, &unflagged_best_);
+      KeepIfAmongBest(record_score(i, bound), keep, &unflagged_best_, &least_dropped);
     }
   }
+  if (search_order_.empty()) {  // nothing walks: the unflagged are all there is
+    best_.swap(unflagged_best_);
+    return;
+  }
   std::sort(search_order_.begin(), search_order_.end());
+  const double last_kept = unflagged_best_.size() < keep ? std::numeric_limits<double>::infinity()
+                                                          : unflagged_best_.back().score;
+  std::vector<Scored>& unflagged = unflagged_best_;  // now those that can matter, in the walks' order
+  if (unflagged_best_.size() == keep && least_dropped == last_kept) {  // a tie with the last kept was left out
+    unflagged.clear();
+    for (size_t i = 0; i < count; ++i) {
+      const PoolEntry& e = candidates_[i].entry;
+      if (Skipped(e) || (e.flags & PoolEntry::kNeighborEvicted) || double(e.size) < small) continue;
+      if (candidate_scores_[i] <= last_kept)
+        unflagged.push_back({candidate_scores_[i], e.id, candidates_[i].pool_index, uint32_t(i)});
+    }
+  }
+  // Sorted by (score, id): by (score, index) too unless scores tie.
+  auto by_score_then_index = [](const Scored& a, const Scored& b) {
+    return a.score != b.score ? a.score < b.score : a.candidate < b.candidate;
+  };
+  if (!std::is_sorted(unflagged.begin(), unflagged.end(), by_score_then_index))
+    std::sort(unflagged.begin(), unflagged.end(), by_score_then_index);
   // Whether an unflagged candidate comes before a walk at (bound, index) in that order.
   auto before = [](const Scored& u, double bound, uint32_t index) {
     return u.score < bound || (u.score == bound && u.candidate < index);
@@ -360,8 +397,8 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   double best_small = std::numeric_limits<double>::infinity();  // of the walked small ones
   size_t next_unflagged = 0;
   for (const auto& [lower_bound, i] : search_order_) {
-    while (next_unflagged < unflagged_best_.size() && before(unflagged_best_[next_unflagged], lower_bound, i))
-      KeepIfAmongBest(unflagged_best_[next_unflagged++], keep, &best_);
+    while (next_unflagged < unflagged.size() && before(unflagged[next_unflagged], lower_bound, i))
+      KeepIfAmongBest(unflagged[next_unflagged++], keep, &best_);
     const PoolEntry& e = candidates_[i].entry;
     const bool is_small = double(e.size) < small;
     const double above =
@@ -378,7 +415,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
     if (is_small) best_small = std::min(best_small, entry.score);
     else KeepIfAmongBest(entry, keep, &best_);
   }
-  while (next_unflagged < unflagged_best_.size()) KeepIfAmongBest(unflagged_best_[next_unflagged++], keep, &best_);
+  while (next_unflagged < unflagged.size()) KeepIfAmongBest(unflagged[next_unflagged++], keep, &best_);
 }
 
 size_t Runtime::SampleSize(size_t n) const {
@@ -466,8 +503,8 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   if (DrawCandidates()) {
     ScoreCandidates(kCarriedCandidates + 1, small);
     for (size_t i = 0; i < candidates_.size(); ++i) consider(i);
-    // Carry the runners-up (distinct, best first) into the next search: ScoreCandidates kept
-    // the best kCarriedCandidates + 1, the victim among them.
+    // Carry the runners-up (best first) into the next search: the best kCarriedCandidates + 1
+    // distinct pairs ScoreCandidates kept, but the victim.
     carried_.clear();
     for (const Scored& c : best_)
       if (c.id != best_id && carried_.size() < kCarriedCandidates) carried_.push_back({c.id, c.pool_index});

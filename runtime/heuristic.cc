@@ -56,4 +56,6 @@ absl::StatusOr<HeuristicKind> ParseHeuristic(absl::string_view name) {
 
 std::string HeuristicName(HeuristicKind kind) { return std::string(InfoFor(kind).name); }
 
+double Score(HeuristicKind kind, const ScoreInputs& in) { return ScoreInline(kind, in); }
+
 }  // namespace dtr

@@ -45,8 +45,12 @@ struct ScoreInputs {
   double random = 0;             // U(0,1), used by kRandom only
 };
 
-// Inline: every candidate of every search is scored.
-inline double Score(HeuristicKind kind, const ScoreInputs& in) {
+double Score(HeuristicKind kind, const ScoreInputs& in);
+// The same, inline: for a victim search's pass over its candidates (about 1k of the 27k
+// instructions of a decision in runtime_bench's fixture at 1e5 storages). Inlined into the
+// neighborhood walks' loop too, it made them slower (4% more instructions for the same visits on
+// a TreeLSTM trace), so they call Score.
+inline double ScoreInline(HeuristicKind kind, const ScoreInputs& in) {
   switch (kind) {
     case HeuristicKind::kDtrEq:
     case HeuristicKind::kDtr:

@@ -245,6 +245,11 @@ class Runtime {
       full.neighborhood_cost = neighborhood_cost;
       return Score(kind, full) * damping;
     }
+    double FinalInline(double neighborhood_cost) const {  // Final, for the search's own pass
+      ScoreInputs full = in;
+      full.neighborhood_cost = neighborhood_cost;
+      return ScoreInline(kind, full) * damping;
+    }
     // About the neighborhood cost above which Final exceeds `above`: a cheap test that a walk
     // checks before Final itself (Note [Bounded victim search]). Either side of rounding is
     // safe, since Final decides; -infinity for heuristics without a neighborhood term.
@@ -293,9 +298,10 @@ class Runtime {
     return neighborhood_ == NeighborhoodKind::kExact || neighborhood_ == NeighborhoodKind::kAncestors;
   }
   double ScoreUnchecked(const PoolEntry& e);
-  // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is locked, awaits its
-  // reader, or cannot beat the `keep` best distinct scores (Note [Bounded victim search]); for
-  // keep <= 64 (kMaxKeptForCutting), best_ holds those that are not small, best first.
+  // Scores candidates_[i] into candidate_scores_[i], or kUnscored where it is skipped (locked,
+  // awaiting its reader, awaited) or its walk was cut: it cannot beat the `keep` best distinct
+  // scores (Note [Bounded victim search]). For keep <= 64 (kMaxKeptForCutting), best_ holds those
+  // that are not small, best first.
   void ScoreCandidates(size_t keep, double small);
   // Starts loading what the union-find neighborhood costs of the sampled candidates will read
   // (Note [Prefetched neighborhoods]).
@@ -381,8 +387,10 @@ class Runtime {
     uint32_t candidate = 0;  // its index in candidates_, where ScoreCandidates made it
     bool operator<(const Scored& o) const { return score != o.score ? score < o.score : id < o.id; }
   };
-  // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted.
-  static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best);
+  // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted;
+  // *least_dropped, if given, falls to the score of any pair it turns away or pushes out.
+  static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best,
+                              double* least_dropped = nullptr);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
   std::vector<Scored> scored_;                         // scratch for one ranking
   std::vector<Scored> best_;                           // ScoreCandidates' best, for one search

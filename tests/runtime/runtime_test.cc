@@ -1330,7 +1330,7 @@ TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEvict
 // of 4: the first search scores its sample, the next ones the sample and up to 3 more carried
 // each time, until 16; and the victim, not carried, is rarely the next search's victim again.
 TEST_F(RuntimeTest, SampledVictimSearchCarriesItsRunnersUpButNotItsVictim) {
-  MakeSampledPoolOfSizes1To200();
+  ASSERT_NO_FATAL_FAILURE(MakeSampledPoolOfSizes1To200());
   std::vector<uint64_t> scored;
   std::vector<StorageId> victims;
   for (int call = 0; call < 40; ++call) {
@@ -1356,7 +1356,7 @@ TEST_F(RuntimeTest, SampledVictimSearchCarriesItsRunnersUpButNotItsVictim) {
 // Note [Ranked candidates]: in sampled mode a ranking scores the carried runners-up and a
 // sample, not the pool, and carries its best on, so the best it offers never gets worse.
 TEST_F(RuntimeTest, RankedCandidatesInSampledModeScoreASampleAndCarryTheBest) {
-  MakeSampledPoolOfSizes1To200();
+  ASSERT_NO_FATAL_FAILURE(MakeSampledPoolOfSizes1To200());
   double best = std::numeric_limits<double>::infinity();
   for (int call = 0; call < 50; ++call) {
     const uint64_t scored_before = rt_->stats().candidates_scored;
