@@ -292,12 +292,8 @@ void Runtime::PrefetchNeighborhoods() const {
   }
 }
 
-void Runtime::KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped) {
-  const size_t n = best->size();
-  if (n == keep && !(entry < best->back())) {
-    if (least_dropped != nullptr) *least_dropped = std::min(*least_dropped, entry.score);
-    return;
-  }
+void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped) {
+  const size_t n = best->size();  // entry comes before best->back() if the list is full
   Scored* kept = best->data();
   size_t place = n;  // after every pair not above entry (an insertion sort: the list is short)
   while (place > 0 && entry < kept[place - 1]) --place;
@@ -429,12 +425,15 @@ size_t Runtime::SampleSize(size_t n) const {
 bool Runtime::DrawCandidates() {
   const size_t n = pool_.size();
   const size_t samples = SampleSize(n);
-  candidates_.clear();
   // Note [Small pools are searched whole]
   if (config_.search != SearchMode::kSampled || samples >= n || n <= config_.exhaustive_pool) {
     DrawWholePool();
     return false;
   }
+  // Sized, not cleared, and filled in place: entries constructed or pushed back each cost about
+  // as much as their copy.
+  candidates_.resize(carried_.size() + samples);
+  Drawn* next = candidates_.data();
   // The best candidates of earlier searches compete again (Note [Victim search]). An entry
   // moves when another leaves the pool before it: then its record says where it went.
   for (const auto& [id, hint] : carried_) {
@@ -444,7 +443,7 @@ bool Runtime::DrawCandidates() {
       if (r == nullptr || r->pool_index == UINT32_MAX) continue;
       index = r->pool_index;
     }
-    candidates_.push_back({pool_[index], index});
+    *next++ = {pool_[index], index};
   }
   // Draw the whole sample and start loading its entries before reading any: the pool is in no
   // useful memory order, and the loads then overlap instead of missing one after another.
@@ -459,9 +458,10 @@ bool Runtime::DrawCandidates() {
   // Then start loading the records that scoring will read: those with a neighborhood to walk.
   for (const uint32_t index : drawn_indices_) {
     const PoolEntry& e = pool_[index];
-    candidates_.push_back({e, index});
+    *next++ = {e, index};
     if ((e.flags & PoolEntry::kNeighborEvicted) && !EntryCostReusable(e)) storages_.Prefetch(e.id);
   }
+  candidates_.resize(size_t(next - candidates_.data()));  // less the carried that left the pool
   return true;
 }
 
@@ -500,9 +500,25 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
     }
     if (!best_id.valid() || score < best) best = score, best_id = id;
   };
+  // The victim is the first of the kept pairs (sorted by (score, id)) unless others tie its score:
+  // then the pass above takes the first of them in candidate order, which the kept pairs know
+  // only if none tied with them was turned away.
+  auto victim_among_kept = [&](size_t keep) {
+    if (best_.empty()) return false;
+    const double top = best_.front().score;
+    if (best_.size() == keep && best_.back().score == top) return false;
+    const Scored* first = &best_.front();
+    for (const Scored& c : best_) {
+      if (c.score != top) break;
+      if (c.candidate < first->candidate) first = &c;
+    }
+    best = top, best_id = first->id;
+    return true;
+  };
   if (DrawCandidates()) {
     ScoreCandidates(kCarriedCandidates + 1, small);
-    for (size_t i = 0; i < candidates_.size(); ++i) consider(i);
+    if (!victim_among_kept(kCarriedCandidates + 1))
+      for (size_t i = 0; i < candidates_.size(); ++i) consider(i);
     // Carry the runners-up (best first) into the next search: the best kCarriedCandidates + 1
     // distinct pairs ScoreCandidates kept, but the victim.
     carried_.clear();

@@ -388,9 +388,17 @@ class Runtime {
     bool operator<(const Scored& o) const { return score != o.score ? score < o.score : id < o.id; }
   };
   // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted;
-  // *least_dropped, if given, falls to the score of any pair it turns away or pushes out.
+  // *least_dropped, if given, falls to the score of any pair it turns away or pushes out. Once
+  // the list is full most offers are turned away, so that test is inline.
   static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best,
-                              double* least_dropped = nullptr);
+                              double* least_dropped = nullptr) {
+    if (best->size() == keep && !(entry < best->back())) {
+      if (least_dropped != nullptr && entry.score < *least_dropped) *least_dropped = entry.score;
+      return;
+    }
+    InsertAmongBest(entry, keep, best, least_dropped);
+  }
+  static void InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
   std::vector<Scored> scored_;                         // scratch for one ranking
   std::vector<Scored> best_;                           // ScoreCandidates' best, for one search
