@@ -46,7 +46,9 @@ namespace dtr {
 // move with the clock), evicts the lowest, and carries the new runners-up forward. Carrying
 // good candidates across searches (as Redis's approximate LRU does with its eviction pool) keeps
 // sampling from settling on a poor victim when a small sample misses every good one, which
-// made sampled search thrash on TreeLSTM traces. Exact mode scores all n. Storages smaller than
+// made sampled search thrash on TreeLSTM traces. The draws are SplitMix64's (runtime/split_mix.h;
+// std::mt19937_64 through std::uniform_int_distribution until stop 44, a tenth of a decision at
+// 1e5 storages). Exact mode scores all n. Storages smaller than
 // small_storage_fraction of the pool's mean size are skipped unless nothing else is evictable.
 // Scores are multiplied by (1 + thrash_damping * decayed recent remats), Note [Thrashing].
 // The sample stops growing at max_samples (64): the best of K uniform draws lies in the best
@@ -224,21 +226,23 @@ double Runtime::ScoreOf(StorageId id) {
 // its peak the walks visited 11.1M storages instead of 29.2M (0.32 s against 0.46 s of
 // simulation); on the traced TreeLSTM and DenseNet (bench/activation_budgets.py) at 0.5 of their
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
-// Since stop 43 only the walks are sorted (about a quarter of a sample in runtime_bench's
-// fixture): a candidate with no evicted neighbor is scored in one pass, and those that can be
-// among the kept pairs (scored at most the keep-th best of them, ties included) join them as the
-// walks pass their scores in the same (bound, index) order, so each walk is held to the same score
-// as before. The kept pairs are also what a sampled search carries (ChooseVictim no longer sorts
-// its scored candidates), and the pass scores inline (ScoreInline, runtime/heuristic.h). The same
-// decisions, walks and visits as before: dtr-sim's output is identical on 264 runs of generated
+// Since stop 44 the candidates without an evicted neighbor (three quarters of a sample in
+// runtime_bench's fixture, whose bound is their score) are scored first, in one pass, and their
+// keep best distinct pairs selected (KeepBest: nth_element, then a sort of those kept); the walks
+// follow in the order of their bounds, each held to the keep-th best of all of those and of the
+// walks before it. That bound is at least as tight as stop 43's, which merged those candidates in
+// as the walks passed their scores, so the victim and the carried runners-up are the same and
+// fewer walks run (Simulator.CuttingLosingWalksKeepsEveryDecision). The kept pairs are what a
+// sampled search carries, and its victim is their first (ChooseVictim's pass over the candidates
+// runs only when scores tie at the top). Decisions are the same as before: dtr-sim's output, but
+// for the neighborhood visits and cache hits, is identical to stop 43's on 288 runs of generated
 // traces (chain, U-Net, TreeLSTM, random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact,
-// never whole) and 360 runs of the benchmark models' traces; a review's random-workload harness,
-// comparing victims, ranked lists and carried candidates after every action with the code before,
-// agreed on all 2,592 runs of six heuristics (search modes, sample sizes, small fractions, thrash
-// damping, seeds) and all 1,296 runs of dtr, dtr-eq and msps with the 8-event cache. Not on 72 of
-// 432 runs of random, whose second draw of a storage may now be carried (KeepIfAmongBest).
-// runtime_bench, a decision at 1e5 storages: about 15 us -> 8 us (bench/results/runtime.md,
-// "Victim search bookkeeping").
+// never whole) and 360 of the benchmark models' traces (dtr, dtr-eq, msps; 0.8 to 0.3); visits
+// 3% fewer and 0.4% fewer in all. Under the non-default 8-event cache (an approximation whose
+// values depend on which walks completed) 18 of 96 runs decide differently, as many better as
+// worse. runtime_bench's fixture at 1e5 storages: 27.8k -> 18.7k instructions an op with its
+// eviction, with the SplitMix64 draws (Note [Victim search]; bench/results/runtime.md, "A leaner
+// victim search").
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 // Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would
@@ -292,7 +296,7 @@ void Runtime::PrefetchNeighborhoods() const {
   }
 }
 
-void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped) {
+void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
   const size_t n = best->size();  // entry comes before best->back() if the list is full
   Scored* kept = best->data();
   size_t place = n;  // after every pair not above entry (an insertion sort: the list is short)
@@ -307,7 +311,6 @@ void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scor
     kept = best->data();
   } else {
     last = keep - 1;
-    if (least_dropped != nullptr) *least_dropped = std::min(*least_dropped, kept[last].score);
   }
   for (size_t j = last; j > place; --j) kept[j] = kept[j - 1];
   kept[place] = entry;
@@ -315,7 +318,7 @@ void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scor
 
 void Runtime::ScoreCandidates(size_t keep, double small) {
   const size_t count = candidates_.size();
-  candidate_scores_.assign(count, kUnscored);
+  candidate_scores_.resize(count);  // every one is written below: a score or kUnscored
   best_.clear();
   // Keeping many (a ranking of the whole pool) would cost more in bookkeeping than it saves.
   const bool keep_best = keep <= kMaxKeptForCutting;
@@ -324,6 +327,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
     return Scored{score, candidates_[i].entry.id, candidates_[i].pool_index, uint32_t(i)};
   };
   if (!keep_best || !NeighborhoodWalks() || !config_.cut_losing_walks) {
+    std::fill(candidate_scores_.begin(), candidate_scores_.end(), kUnscored);
     if (neighborhood_ == NeighborhoodKind::kUnionFind && count <= kMaxPrefetchedCandidates &&
         storages_.size() >= kMinStoragesToPrefetch)
       PrefetchNeighborhoods();
@@ -335,74 +339,37 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
     }
     return;
   }
-  // Note [Bounded victim search]: walks go in the order of their bounds, each against the
-  // candidates before it in that order. A candidate without an evicted neighbor is scored in
-  // full here (its bound is its score) and is not sorted with the walks: it only adds its score
-  // to what the walks after it must beat, and only the best small one and those scored at most
-  // the keep-th best of them can (all tied at that score included: whether one comes before a
-  // walk of the same bound is decided by its index, which the ids' order knows nothing of). They
-  // join best_ as the walks pass them.
+  // Note [Bounded victim search]: the candidates without an evicted neighbor are scored in full
+  // first (their bound is their score), then the walks go in the order of their bounds, each
+  // held to the keep-th best distinct score found so far.
   std::vector<PartialScore>& partial = partial_scores_;
   partial.resize(count);
   search_order_.clear();
-  unflagged_best_.clear();
-  Scored best_small_unflagged{std::numeric_limits<double>::infinity(), StorageId{}, 0, 0};
-  double least_dropped = std::numeric_limits<double>::infinity();  // of those not kept
+  double best_small = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < count; ++i) {
     const PoolEntry& e = candidates_[i].entry;
+    candidate_scores_[i] = kUnscored;  // until scored
     if (Skipped(e)) continue;
     const PartialScore p = StartScore(e);
     const double bound = p.FinalInline(0);
     if (e.flags & PoolEntry::kNeighborEvicted) {
       partial[i] = p;
       search_order_.push_back({bound, uint32_t(i)});
-    } else if (double(e.size) < small) {
-      if (bound < best_small_unflagged.score) best_small_unflagged = record_score(i, bound);
-      else candidate_scores_[i] = bound;
+    } else if (p.in.size < small) {
+      candidate_scores_[i] = bound;
+      best_small = std::min(best_small, bound);
     } else {
-      KeepIfAmongBest(record_score(i, bound), keep, &unflagged_best_, &least_dropped);
+      best_.push_back(record_score(i, bound));
     }
   }
-  if (search_order_.empty()) {  // nothing walks: the unflagged are all there is
-    best_.swap(unflagged_best_);
-    return;
-  }
+  KeepBest(keep, &best_);
   std::sort(search_order_.begin(), search_order_.end());
-  const double last_kept = unflagged_best_.size() < keep ? std::numeric_limits<double>::infinity()
-                                                          : unflagged_best_.back().score;
-  std::vector<Scored>& unflagged = unflagged_best_;  // now those that can matter, in the walks' order
-  if (unflagged_best_.size() == keep && least_dropped == last_kept) {  // a tie with the last kept was left out
-    unflagged.clear();
-    for (size_t i = 0; i < count; ++i) {
-      const PoolEntry& e = candidates_[i].entry;
-      if (Skipped(e) || (e.flags & PoolEntry::kNeighborEvicted) || double(e.size) < small) continue;
-      if (candidate_scores_[i] <= last_kept)
-        unflagged.push_back({candidate_scores_[i], e.id, candidates_[i].pool_index, uint32_t(i)});
-    }
-  }
-  // Sorted by (score, id): by (score, index) too unless scores tie.
-  auto by_score_then_index = [](const Scored& a, const Scored& b) {
-    return a.score != b.score ? a.score < b.score : a.candidate < b.candidate;
-  };
-  if (!std::is_sorted(unflagged.begin(), unflagged.end(), by_score_then_index))
-    std::sort(unflagged.begin(), unflagged.end(), by_score_then_index);
-  // Whether an unflagged candidate comes before a walk at (bound, index) in that order.
-  auto before = [](const Scored& u, double bound, uint32_t index) {
-    return u.score < bound || (u.score == bound && u.candidate < index);
-  };
-  double best_small = std::numeric_limits<double>::infinity();  // of the walked small ones
-  size_t next_unflagged = 0;
   for (const auto& [lower_bound, i] : search_order_) {
-    while (next_unflagged < unflagged.size() && before(unflagged[next_unflagged], lower_bound, i))
-      KeepIfAmongBest(unflagged[next_unflagged++], keep, &best_);
     const PoolEntry& e = candidates_[i].entry;
     const bool is_small = double(e.size) < small;
-    const double above =
-        is_small ? std::min(best_small, before(best_small_unflagged, lower_bound, i)
-                                            ? best_small_unflagged.score
-                                            : std::numeric_limits<double>::infinity())
-        : best_.size() < keep ? std::numeric_limits<double>::infinity()
-                              : best_.back().score;
+    const double above = is_small                ? best_small
+                         : best_.size() < keep ? std::numeric_limits<double>::infinity()
+                                                 : best_.back().score;
     if (lower_bound > above) continue;
     bool stopped = false;
     const double nc = EntryNeighborhoodCost(e, &partial[i], above, &stopped);
@@ -411,7 +378,32 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
     if (is_small) best_small = std::min(best_small, entry.score);
     else KeepIfAmongBest(entry, keep, &best_);
   }
-  while (next_unflagged < unflagged.size()) KeepIfAmongBest(unflagged[next_unflagged++], keep, &best_);
+}
+
+void Runtime::KeepBest(size_t keep, std::vector<Scored>* scored) {
+  // (score, id, candidate): a storage drawn twice keeps its first candidate, as the pass over
+  // the candidates in ChooseVictim would take it.
+  auto before = [](const Scored& a, const Scored& b) {
+    return a.score != b.score ? a.score < b.score : a.id != b.id ? a.id < b.id : a.candidate < b.candidate;
+  };
+  auto same_storage = [](const Scored& a, const Scored& b) { return a.id == b.id; };
+  if (keep == 1 && !scored->empty()) {  // an exhaustive search's: the best alone
+    std::iter_swap(scored->begin(), std::min_element(scored->begin(), scored->end(), before));
+    scored->resize(1);
+    return;
+  }
+  if (scored->size() > keep) {
+    std::nth_element(scored->begin(), scored->begin() + (keep - 1), scored->end(), before);
+    std::sort(scored->begin(), scored->begin() + keep, before);
+    if (std::adjacent_find(scored->begin(), scored->begin() + keep, same_storage) == scored->begin() + keep) {
+      scored->resize(keep);
+      return;
+    }
+  }
+  // Few, or a storage drawn twice among the best: sort them all.
+  std::sort(scored->begin(), scored->end(), before);
+  scored->erase(std::unique(scored->begin(), scored->end(), same_storage), scored->end());
+  if (scored->size() > keep) scored->resize(keep);
 }
 
 size_t Runtime::SampleSize(size_t n) const {
@@ -447,10 +439,9 @@ bool Runtime::DrawCandidates() {
   }
   // Draw the whole sample and start loading its entries before reading any: the pool is in no
   // useful memory order, and the loads then overlap instead of missing one after another.
-  std::uniform_int_distribution<size_t> pick(0, n - 1);
   drawn_indices_.resize(samples);
   for (uint32_t& index : drawn_indices_) {
-    index = uint32_t(pick(rng_));
+    index = uint32_t(rng_.Below(n));
     const char* entry = reinterpret_cast<const char*>(&pool_[index]);
     __builtin_prefetch(entry);
     __builtin_prefetch(entry + sizeof(PoolEntry) - 1);

@@ -34,6 +34,7 @@
 #include "runtime/records.h"
 #include "runtime/replay_backend.h"
 #include "runtime/slot_map.h"
+#include "runtime/split_mix.h"
 #include "runtime/stats.h"
 
 namespace dtr {
@@ -387,22 +388,18 @@ class Runtime {
     uint32_t candidate = 0;  // its index in candidates_, where ScoreCandidates made it
     bool operator<(const Scored& o) const { return score != o.score ? score < o.score : id < o.id; }
   };
-  // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted;
-  // *least_dropped, if given, falls to the score of any pair it turns away or pushes out. Once
-  // the list is full most offers are turned away, so that test is inline.
-  static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best,
-                              double* least_dropped = nullptr) {
-    if (best->size() == keep && !(entry < best->back())) {
-      if (least_dropped != nullptr && entry.score < *least_dropped) *least_dropped = entry.score;
-      return;
-    }
-    InsertAmongBest(entry, keep, best, least_dropped);
+  // Offers a scored candidate to *best, the keep best distinct (score, id) pairs so far, sorted.
+  // Once the list is full most offers are turned away, so that test is inline.
+  static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
+    if (best->size() == keep && !(entry < best->back())) return;
+    InsertAmongBest(entry, keep, best);
   }
-  static void InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best, double* least_dropped);
+  static void InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best);
+  // Leaves in *scored its keep best distinct (score, id) pairs, sorted.
+  static void KeepBest(size_t keep, std::vector<Scored>* scored);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
   std::vector<Scored> scored_;                         // scratch for one ranking
   std::vector<Scored> best_;                           // ScoreCandidates' best, for one search
-  std::vector<Scored> unflagged_best_;                 // scratch for ScoreCandidates
   std::vector<Drawn> candidates_;                      // scratch for one search
   std::vector<uint32_t> drawn_indices_;                // scratch for one search: the sample
   std::vector<double> candidate_scores_;               // scratch for one search
@@ -416,7 +413,7 @@ class Runtime {
   // Note [Exact neighborhood cost cache]: a cached cost is valid only with the current
   // generation, which moves on when the evicted sets are compacted (their names change).
   uint64_t cache_generation_ = 0;
-  std::mt19937_64 rng_;
+  SplitMix64 rng_;  // the samples' draws, and kRandom's scores
   mutable RuntimeStats stats_;
 };
 
