@@ -238,11 +238,13 @@ double Runtime::ScoreOf(StorageId id) {
 // for the neighborhood visits and cache hits, is identical to stop 43's on 288 runs of generated
 // traces (chain, U-Net, TreeLSTM, random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact,
 // never whole) and 360 of the benchmark models' traces (dtr, dtr-eq, msps; 0.8 to 0.3); visits
-// 3% fewer and 0.4% fewer in all. Under the non-default 8-event cache (an approximation whose
-// values depend on which walks completed) 18 of 96 runs decide differently, as many better as
-// worse. runtime_bench's fixture at 1e5 storages: 27.8k -> 18.7k instructions an op with its
-// eviction, with the SplitMix64 draws (Note [Victim search]; bench/results/runtime.md, "A leaner
-// victim search").
+// 3% fewer and 0.4% fewer in all. A cut walk left nothing to reuse, so in runtime_bench's fixture
+// the tighter bound repeated losing walks (visits at 1e5 8.2 -> 18.6 an op); a cut walk now leaves
+// a bound (Note [Cut walks leave a bound], neighborhoods.cc: 3.5). Under the non-default 8-event
+// cache (an approximation whose values depend on which walks completed) 18 of 96 runs decide
+// differently, as many better as worse. The fixture at 1e5 storages: 27.8k -> 18.9k instructions
+// an op with its eviction, with the SplitMix64 draws (Note [Victim search]), and medians of 13.0
+// -> 10.4 us (bench/results/runtime.md, "A leaner victim search").
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 // Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would

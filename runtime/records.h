@@ -104,6 +104,8 @@ struct StorageRecord {
   // root and version) around it when it was walked; a walk beside more sets is not cached.
   static constexpr int kCachedRegions = 2;
   uint8_t cached_regions = 0;
+  // Note [Cut walks leave a bound]: the cached cost is a cut walk's partial sum, a lower bound.
+  bool neighborhood_cost_is_bound = false;
   uint32_t cached_region_root[kCachedRegions] = {};
   uint32_t cached_region_version[kCachedRegions] = {};
 

@@ -1,8 +1,8 @@
 // SplitMix64 (Steele, Lea and Flood, OOPSLA 2014): the random generator of the victim search's
 // samples (Note [Victim search]). A sample of 64 indices drew each from std::mt19937_64 through
-// std::uniform_int_distribution in about 37 instructions (the twister's state refresh included),
-// about a tenth of a decision at 1e5 storages; this takes about 10, with Lemire's multiply-shift
-// for the range (no division; its bias, under n / 2^64, is far below any sample's noise).
+// std::uniform_int_distribution in about 43 instructions (the twister's state refresh included),
+// about a tenth of a decision at 1e5 storages; this takes 14, with Lemire's multiply-shift for
+// the range (no division; its bias, under n / 2^64, is far below any sample's noise).
 // Statistical quality is ample for sampling: SplitMix64 passes BigCrush.
 #ifndef DTR_RUNTIME_SPLIT_MIX_H_
 #define DTR_RUNTIME_SPLIT_MIX_H_

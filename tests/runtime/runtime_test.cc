@@ -1108,6 +1108,49 @@ TEST_F(RuntimeTest, ACutWalkLeavesNoCostToReuse) {
   EXPECT_LT(visits[true], visits[false]);  // q's walk was cut at r1
 }
 
+// Note [Cut walks leave a bound]: under the exact cache (the default) a cut walk's partial sum is
+// kept as a lower bound, which cuts the next search's walk without visiting anything; a full
+// score still walks.
+TEST_F(RuntimeTest, ACutWalkLeavesABoundThatCutsItAgain) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.heuristic = HeuristicKind::kDtr;
+  ASSERT_EQ(config.neighborhood_cache_events, kExactNeighborhoodCache);
+  Make(config);
+  StorageId x = Const(1);
+  // p1 and p2 are stale and cheap: the victims, in that order. Each heads an evicted t (and a u
+  // that awaits its reader: a last resort). q is fresher, with 200 evicted behind it.
+  StorageId p1 = Op1("p1", {x}, 2, 1);
+  StorageId t1 = Op1("t1", {p1}, 2, 5);
+  Op1("u1", {t1}, 2, 1);
+  StorageId p2 = Op1("p2", {x}, 2, 1);
+  StorageId t2 = Op1("t2", {p2}, 2, 5);
+  Op1("u2", {t2}, 2, 1);
+  StorageId q = Op1("q", {x}, 2, 1);
+  StorageId r1 = Op1("r1", {q}, 2, 100);
+  StorageId r2 = Op1("r2", {r1}, 2, 100);
+  Op1("r3", {r2}, 2, 1);
+  for (StorageId id : {t1, t2, r1, r2}) ASSERT_TRUE(rt_->Evict(id).ok());
+  ASSERT_EQ(rt_->EvictAtLeast(1), 2u);
+  EXPECT_FALSE(Resident(p1));
+  const StorageRecord& rq = *rt_->storage(q);
+  ASSERT_NE(rq.neighborhood_walked_at, StorageRecord::kNotCached);
+  EXPECT_TRUE(rq.neighborhood_cost_is_bound);  // cut at r1: 100 of its 200
+  EXPECT_DOUBLE_EQ(rq.neighborhood_cost, 100);
+  Check();  // the bound is at most what a walk finds
+  const uint64_t hits = rt_->stats().neighborhood_cache_hits;
+  const uint64_t visits = rt_->stats().neighborhood_visits;
+  ASSERT_EQ(rt_->EvictAtLeast(1), 2u);
+  EXPECT_FALSE(Resident(p2));
+  EXPECT_EQ(rt_->stats().neighborhood_cache_hits, hits + 1);  // q cut by its bound
+  EXPECT_EQ(rt_->stats().neighborhood_visits - visits, 3u);  // p2's walk alone (x, t2, u2), none of q's
+  EXPECT_TRUE(rq.neighborhood_cost_is_bound);
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(q), (1 + 200) / (2 * (rt_->now() - rq.last_access + 1)));  // walked in full
+  EXPECT_FALSE(rq.neighborhood_cost_is_bound);
+  EXPECT_DOUBLE_EQ(rq.neighborhood_cost, 200);
+  Check();
+}
+
 TEST_F(RuntimeTest, ThrashDampingRaisesTheScoreOfStoragesThatKeepComingBack) {
   double scores[2];
   for (int damping = 0; damping < 2; ++damping) {
