@@ -234,13 +234,15 @@ double Runtime::ScoreOf(StorageId id) {
 // as the walks passed their scores, so the victim and the carried runners-up are the same and
 // fewer walks run (Simulator.CuttingLosingWalksKeepsEveryDecision). The kept pairs are what a
 // sampled search carries, and its victim is their first (ChooseVictim's pass over the candidates
-// runs only when scores tie at the top). Decisions are the same as before: dtr-sim's output, but
-// for the neighborhood visits and cache hits, is identical to stop 43's on 288 runs of generated
-// traces (chain, U-Net, TreeLSTM, random DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact,
-// never whole) and 360 of the benchmark models' traces (dtr, dtr-eq, msps; 0.8 to 0.3); visits
-// 3% fewer and 0.4% fewer in all. A cut walk left nothing to reuse, so in runtime_bench's fixture
-// the tighter bound repeated losing walks (visits at 1e5 8.2 -> 18.6 an op); a cut walk now leaves
-// a bound (Note [Cut walks leave a bound], neighborhoods.cc: 3.5). Under the non-default 8-event
+// runs only when nothing was kept or a tie at the top reaches the last pair of a full list).
+// Decisions are the same as before: dtr-sim's output, but for the neighborhood visits and cache
+// hits, is identical to stop 43's on 288 runs of generated traces (chain, U-Net, TreeLSTM, random
+// DAG; dtr, msps, dtr-eq, lru; 0.7/0.5/0.3; sampled, exact, never whole) and 360 of the benchmark
+// models' traces (dtr, dtr-eq, msps; 0.8 to 0.3), with the old draws; visits 2.9% and 0.4% fewer
+// in all. A cut walk left nothing to reuse, so in runtime_bench's fixture the tighter bound
+// repeated losing walks (visits at 1e5 8.2 -> 18.6 an op); a cut walk now leaves a bound (Note
+// [Cut walks leave a bound], neighborhoods.cc: 3.5; on the same runs, with the new draws, 4.6% and
+// 2.0% fewer visits than stop 43). Under the non-default 8-event
 // cache (an approximation whose values depend on which walks completed) 18 of 96 runs decide
 // differently, as many better as worse. The fixture at 1e5 storages: 27.8k -> 18.9k instructions
 // an op with its eviction, with the SplitMix64 draws (Note [Victim search]), and medians of 13.0
