@@ -35,8 +35,16 @@ RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0
 WORKER = os.path.join(REPO, "bench", "step_worker.py")
 
 
-def trace(model, work, lib, steps, index=0):
+def trace(model, work, lib, steps, index=0, reuse=False):
+    """Traces `steps` steps of the model into the work directory; with `reuse`, a trace of as many
+    steps already there (with its report beside it) is taken instead, so runs with other dtr-sim
+    options compare on the same op timings."""
     path = os.path.join(work, f"{model}.trace" if index == 0 else f"{model}.{index}.trace")
+    if reuse and os.path.exists(path + ".json"):
+        with open(path + ".json") as f:
+            info = json.load(f)
+        if info.get("steps") == steps:
+            return path, info
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_")}
     env.update(LD_PRELOAD=lib, DTR_TRACE_FILE=path, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     r = subprocess.run([sys.executable, WORKER, "trace", "--model", model, "--device", "cpu", "--threads", "1",
@@ -45,12 +53,14 @@ def trace(model, work, lib, steps, index=0):
     if r.returncode != 0:
         raise SystemExit(f"tracing {model} failed:\n{r.stderr[-3000:]}")
     info = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")][-1]
+    with open(path + ".json", "w") as f:
+        json.dump(info, f)
     return path, info
 
 
-def simulate(sim, path, budget, heuristic, search, seed=1):
+def simulate(sim, path, budget, heuristic, search, seed=1, extra=()):
     argv = [sim, "--trace", path, "--budget", str(int(budget)), "--heuristic", heuristic, "--seed", str(seed),
-            "--search", search]
+            "--search", search, *extra]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -71,9 +81,9 @@ def sweep(model, args, lib):
     the first trace's; each trace's budgets are its own static + r x (its peak - its static)."""
     traces = []
     for k in range(args.traces):
-        path, info = trace(model, args.work, lib, args.steps, k)
+        path, info = trace(model, args.work, lib, args.steps, k, args.reuse_traces)
         static = info["static_bytes"]
-        free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search)
+        free = simulate(args.sim, path, 1 << 60, args.heuristic, args.search, extra=args.sim_args)
         steady_overhead(free, args.warmup)  # raises if the trace lacks the marks it measures between
         traces.append(dict(path=path, info=info, static=static, peak=free["peak_bytes"],
                            floor=free["stats"]["floor_bytes"]))
@@ -85,7 +95,7 @@ def sweep(model, args, lib):
         for t in traces:
             budget = t["static"] + r * max(1, t["peak"] - t["static"])
             for seed in args.seeds:
-                d = simulate(args.sim, t["path"], budget, args.heuristic, args.search, seed)
+                d = simulate(args.sim, t["path"], budget, args.heuristic, args.search, seed, args.sim_args)
                 ratios.append(measured_ratio(d, args.warmup))
         ratios.sort()
         median = statistics.median_low(ratios)  # an actual run's ratio; inf when most ran out of memory
@@ -111,7 +121,8 @@ def ratio_cell(median, low, high):
 
 def render(rows, args):
     head = ["model", "static", "peak", "floor (r)"] + [f"r={r:g}" for r in RATIOS]
-    out = [f"# Budgets on activations in dtr-sim ({args.heuristic}, {args.search} search)\n",
+    options = "".join(f" {a}" for a in args.sim_args)
+    out = [f"# Budgets on activations in dtr-sim ({args.heuristic}, {args.search} search{options})\n",
            f"Made by `python bench/activation_budgets.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"traces of {args.steps} training steps on the CPU, of which the first {args.warmup} are warm-up "
            "(simulated, not measured: Note [Steady-state steps]). Budget = static + r x (peak - static). Cells: "
@@ -191,11 +202,16 @@ def main():
     ap.add_argument("--traces", type=int, default=3, help="traces per model (each traced anew)")
     ap.add_argument("--work", default=None, help="where the traces go (default: <build>/activation-work)")
     ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
+    ap.add_argument("--reuse-traces", action="store_true",
+                    help="simulate the traces an earlier run left in --work instead of tracing anew")
+    ap.add_argument("--sim-args", default="",
+                    help="more dtr-sim options, space-separated (e.g. '--backward-protection 1')")
     args = ap.parse_args()
     if not 0 <= args.warmup < args.steps:
         ap.error(f"--warmup {args.warmup} must be at least 0 and below --steps {args.steps}")
     args.sim = os.path.join(args.build, "bin", "dtr-sim")
     args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.sim_args = args.sim_args.split()
     args.work = args.work or os.path.join(args.build, "activation-work")
     os.makedirs(args.work, exist_ok=True)
     import dtr

@@ -453,8 +453,10 @@ class Engine final : public ReplayBackend,
   alloc::CachingAllocator* ScratchAllocator();
   uint64_t last_scratch_ = 0;
   // An op line's cost, with the op's scratch memory when it had any (Note [Trace format]).
-  std::string TraceCost(double cost) const {
-    return last_scratch_ > 0 ? absl::StrCat(int64_t(cost), " scratch=", last_scratch_) : absl::StrCat(int64_t(cost));
+  // Note [Trace format] (runtime/sim/trace.h): COST [scratch=B] [pass=backward].
+  std::string TraceCost(double cost, bool backward) const {
+    return absl::StrCat(int64_t(cost), last_scratch_ > 0 ? absl::StrCat(" scratch=", last_scratch_) : std::string(),
+                        backward ? " pass=backward" : "");
   }
   int next_trace_id_ = 0;
   std::ofstream trace_;

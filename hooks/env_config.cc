@@ -25,7 +25,7 @@ const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLO
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
                               "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
-                              "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_BACKWARD_PROTECTION", "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -50,6 +50,18 @@ absl::Status ParseCount(const std::function<const char*(const char*)>& getenv_fn
   return absl::OkStatus();
 }
 
+// A finite number of at least `least`.
+absl::Status ParseFactor(const std::function<const char*(const char*)>& getenv_fn, const char* var, double least,
+                         absl::string_view what, double* out) {
+  const char* v = getenv_fn(var);
+  if (v == nullptr) return absl::OkStatus();
+  double x = 0;
+  if (!absl::SimpleAtod(v, &x) || !(x >= least) || !std::isfinite(x))
+    return Bad(var, v, absl::StrCat("a number >= ", least, ": ", what));
+  *out = x;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string DtrEnvConfig::ToString() const {
@@ -64,6 +76,7 @@ std::string DtrEnvConfig::ToString() const {
                       "', trace_file='", trace_file, "', verbose=", verbose,
                       ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
                       ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
+                      ", backward_protection=", backward_protection,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -169,14 +182,23 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
                  "how many evictions and rematerializations it is reused for (0: walk every time)");
     c.neighborhood_cache_events = *events;
   }
-  if (const char* v = getenv_fn("DTR_MAX_RECOMPUTE")) {
-    double x = 0;
-    if (!absl::SimpleAtod(v, &x) || !(x >= 0) || !std::isfinite(x))
-      return Bad("DTR_MAX_RECOMPUTE", v,
-                 "a number >= 0: the most recomputation, as a multiple of the program's own work, before a "
-                 "budget counts as too small (default 50; 0: no limit)");
-    c.max_recompute_ratio = x;
-  }
+  struct Factor {
+    const char* var;
+    double least;
+    const char* what;
+    double* field;
+  };
+  for (const Factor& k : {
+           Factor{"DTR_MAX_RECOMPUTE", 0,
+                  "the most recomputation, as a multiple of the program's own work, before a budget counts as "
+                  "too small (default 50; 0: no limit)",
+                  &c.max_recompute_ratio},
+           Factor{"DTR_BACKWARD_PROTECTION", 1,
+                  "how many times worse an activation may score and still be evicted before what the backward "
+                  "pass computed (default 10; 1: no difference)",
+                  &c.backward_protection},
+       })
+    if (absl::Status s = ParseFactor(getenv_fn, k.var, k.least, k.what, k.field); !s.ok()) return s;
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int r = 0;

@@ -24,6 +24,8 @@
 //                   evictions and rematerializations; 0: walk every time
 //   DTR_EXHAUSTIVE_POOL  the most evictable storages a sampled search scores all of (default 256;
 //                   0: always sample): Note [Small pools are searched whole]
+//   DTR_BACKWARD_PROTECTION  a number >= 1 (default 10; 1: none): Note [Results of the backward
+//                   pass], runtime/eviction_search.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
@@ -69,6 +71,8 @@ struct DtrEnvConfig {
   int verbose = 0;
   uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
   double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
+  // Note [Results of the backward pass] (runtime/eviction_search.cc); 1: none.
+  double backward_protection = RuntimeConfig{}.backward_protection;
   uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // exact; 0: none
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include "absl/container/inlined_vector.h"
@@ -128,6 +129,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (unrecorded.kind == Kind::kRecord) unrecorded.kind = Kind::kOpaque;
   }
   const OpInfo& info = comm_thread ? unrecorded : it->second;
+  // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
+  // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
+  // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
+  const bool backward = torch::autograd::get_current_graph_task_id() != -1;
   // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
   // work: data loading, CPU scalars) is none of dtr's business.
   // Not under the engine lock: a CPU collective (wait_tensor on a gloo mesh) may block on a
@@ -296,6 +301,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     const bool replayable = rr != nullptr;
     Runtime::MutateCall mc{info.name, in_sids, written, replayable, reinterpret_cast<uint64_t>(rr)};
     mc.invalidate_readers = cfg_.rule_enabled(2);
+    mc.backward = backward;
     // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
     mc.overwrites = info.overwrites && covers_storage && written.size() == 1 &&
                     std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
@@ -333,7 +339,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
       // Note [Trace format]: how the runtime recorded it.
       const char* kind = !replayable ? "mutate-opaque " : mc.overwrites ? "overwrite " : "mutate ";
-      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost), trace_ins(), " ->", outs));
+      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost, backward), trace_ins(), " ->", outs));
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
@@ -361,7 +367,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     } else {
-      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
+      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
     }
     return;
   }
@@ -442,7 +448,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     it->second.seeded_no_gen = true;
     delete rr;
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
     return;
   }
 
@@ -516,13 +522,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
     return;
   }
   absl::InlinedVector<uint64_t, 2> sizes;
   for (const auto& o : outs) sizes.push_back(o.nbytes);
   Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
+  call.backward = backward;
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
     delete rr;
@@ -546,7 +553,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
-  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost), trace_ins(), " ->", trace_outs));
+  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->", trace_outs));
 }
 
 void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,

@@ -85,6 +85,10 @@ struct RuntimeConfig {
   // has already brought back have their scores multiplied by this, so the search takes them
   // last. 1: no protection.
   double rebuild_protection = 30;
+  // Note [Results of the backward pass] (eviction_search.cc): the scores of storages whose
+  // recipe holds an op of a backward pass are multiplied by this, so the search evicts
+  // activations scoring up to this many times worse first. 1: no protection.
+  double backward_protection = 10;
   // Note [Lazy input locks] (remat.cc): how an op, run or replayed, holds the inputs it waits
   // for while the missing ones are brought back. kEager locks every input before any is brought
   // back (the behaviour until stop 38); kLazy locks one once it is back, or when the op runs,

@@ -125,6 +125,7 @@ void Runtime::ClearRecipe(StorageId id) {
   absl::InlinedVector<OpId, 2> recipe;
   recipe.swap(r.recipe);
   r.cost = 0;
+  r.backward_recipe = false;
   SyncPool(id);
   for (OpId op_id : recipe) {
     OpRecord& op = ops_[op_id];

@@ -84,6 +84,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     op.in_place = true;
     op.overwrites = overwrites;
     op.recipe_users = 1;
+    op.backward = call.backward;
     OpId op_id = ops_.Insert(std::move(op));
     if (call.recorded != nullptr) *call.recorded = true;
     uint32_t depth = overwrites ? 1 : rec(m).replay_depth + 1;  // the recipe grows by one op
@@ -94,6 +95,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     rec(m).recipe.push_back(op_id);
+    rec(m).backward_recipe |= call.backward;  // Note [Results of the backward pass]
     rec(m).constant_reason = ConstantReason::kNone;
     rec(m).cost += *cost;
     rec(m).replay_depth = depth;

@@ -71,6 +71,9 @@ struct StorageRecord {
   StorageState state = StorageState::kResident;
   // Note [Evicted-neighbor hint] (neighborhoods.cc): false means no neighbor is evicted.
   bool neighbor_evicted = false;
+  // Note [Results of the backward pass] (eviction_search.cc): an op of the recipe ran in a
+  // backward pass (OpRecord::backward).
+  bool backward_recipe = false;
   // ---- the rest ----
   // Banishing waits for evicted dependents; it is retried whenever the storage is unlocked,
   // which happens after every rematerialization of a dependent (they lock their deps).
@@ -124,6 +127,7 @@ struct PoolEntry {
     kRemats = 8,           // recent_remats > 0: Note [Thrashing]'s factor needs the record
     kRebuilt = 16,         // rebuild_epoch > 0: Note [Rebuilt segments]' factor may apply
     kAwaited = 32,         // waits > 0: Note [Lazy input locks]: skipped, a last resort
+    kBackward = 64,        // backward_recipe: Note [Results of the backward pass]
   };
   StorageId id;
   double cost = 0;
@@ -149,6 +153,7 @@ struct OpRecord {
   // In place, but writes all of outputs[0] without reading it: first in its recipe, and its replay
   // starts from fresh memory (Runtime::MutateCall::overwrites).
   bool overwrites = false;
+  bool backward = false;      // Runtime::OpCall::backward
   uint32_t recipe_users = 0;  // live storages whose recipe contains this op
 };
 

@@ -246,6 +246,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     op.scratch_bytes = scratch;
     op.handle = call.handle;
     op.recipe_users = uint32_t(outputs.size());
+    op.backward = call.backward;
     OpId op_id = ops_.Insert(std::move(op));
     uint32_t depth = 1;
     for (StorageId in : inputs) {
@@ -259,6 +260,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
       r.recipe.push_back(op_id);
       r.cost = *cost;
       r.replay_depth = depth;
+      r.backward_recipe = call.backward;  // Note [Results of the backward pass]
     }
     if (depth > config_.max_replay_depth) {
       // Note [Bounded replay chains]
@@ -481,6 +483,7 @@ absl::Status Runtime::CheckInvariants() const {
       status = fail(IdString(id), " in the pool but not evictable");
     }
     double cost = 0;
+    bool backward = false;
     for (OpId op_id : r.recipe) {
       const OpRecord* op = ops_.Find(op_id);
       if (op == nullptr) {
@@ -488,6 +491,7 @@ absl::Status Runtime::CheckInvariants() const {
         return;
       }
       cost += op->cost;
+      backward |= op->backward;
       ++recipe_users[op_id.packed()];
       if (!ContainsValue(op->outputs, id)) status = fail(IdString(id), " recipe op does not write it");
       for (StorageId in : op->inputs) {
@@ -497,6 +501,9 @@ absl::Status Runtime::CheckInvariants() const {
       }
     }
     if (std::abs(cost - r.cost) > 1e-9 * std::max(1.0, cost)) status = fail(IdString(id), " cost is stale");
+    if (backward != r.backward_recipe)  // Note [Results of the backward pass]
+      status = fail(IdString(id), " backward_recipe is ", r.backward_recipe, " for a recipe ",
+                    backward ? "with" : "without", " an op of a backward pass");
     for (OpId reader : r.readers) {
       const OpRecord* op = ops_.Find(reader);
       if (op == nullptr || !ContainsValue(op->inputs, id)) status = fail(IdString(id), " has a stale reader");

@@ -59,6 +59,9 @@ class Runtime {
     // Note [Scratch memory]: workspace the op allocates and frees while it runs, when known
     // beforehand (a trace); a backend that measures it reports it with ReportScratch.
     uint64_t scratch_bytes = 0;
+    // The op ran in a backward pass (the autograd engine's, in torch): Note [Results of the
+    // backward pass], eviction_search.cc.
+    bool backward = false;
   };
   // Runs one op that creates new storages: rematerializes and locks its inputs, makes room for
   // its outputs, calls `execute` with the new output ids (it returns the measured cost), then
@@ -83,6 +86,7 @@ class Runtime {
     // OnOpDropped is called for it, perhaps before Mutate returns).
     bool* recorded = nullptr;
     uint64_t scratch_bytes = 0;  // as OpCall::scratch_bytes
+    bool backward = false;        // as OpCall::backward
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).

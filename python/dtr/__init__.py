@@ -42,6 +42,7 @@ OPTIONS = {
     "max_recompute": "DTR_MAX_RECOMPUTE",
     "neighborhood_cache": "DTR_NEIGHBORHOOD_CACHE",
     "exhaustive_pool": "DTR_EXHAUSTIVE_POOL",
+    "backward_protection": "DTR_BACKWARD_PROTECTION",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

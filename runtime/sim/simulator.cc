@@ -225,6 +225,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
           if (std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
         Runtime::OpCall call{e.name, inputs, sizes, e.kind == EventKind::kCall, handle};
         call.scratch_bytes = e.scratch;  // Note [Scratch memory]
+        call.backward = e.backward;        // Note [Results of the backward pass]
         auto outs = rt.Compute(call, [&](absl::Span<const StorageId> new_storages) -> absl::StatusOr<double> {
           if (absl::Status s = backend.Created(handle, distinct, new_storages, sizes); !s.ok()) return s;
           return e.cost;
@@ -255,6 +256,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         Runtime::MutateCall call{e.name, inputs, mutated, e.replayable, handle};
         call.overwrites = e.overwrites;
         call.scratch_bytes = e.scratch;
+        call.backward = e.backward;
         status = rt.Mutate(call, [&]() -> absl::StatusOr<double> {
           for (StorageId m : mutated) {
             others.clear();

@@ -102,6 +102,11 @@ class Parser {
         e.scratch = *scratch;
         ++i;
       }
+      if (i < tok.size() && tok[i] == "pass=backward") {
+        if (version_ < 4) return Error("'pass=backward' needs trace version 4");
+        e.backward = true;
+        ++i;
+      }
       for (; i < tok.size() && tok[i] != "->"; ++i) {
         auto t = Use(tok[i]);
         if (!t.ok()) return t.status();
@@ -200,6 +205,7 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
                                                           : "mutate ";
         out << word << e.name << " " << e.cost;
         if (e.scratch > 0) out << " scratch=" << e.scratch;
+        if (e.backward) out << " pass=backward";
         for (int in : e.inputs) out << " " << names[in];
         out << " ->";
         if (e.kind == EventKind::kMutate) {

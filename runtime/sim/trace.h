@@ -3,10 +3,11 @@
 // copies and drops). The torch layer writes it (DTR_TRACE_FILE); dtr-sim replays it.
 //
 // Note [Trace format]
-//   dtr-trace 3                                  first non-comment line: magic and version
+//   dtr-trace 4                                  first non-comment line: magic and version
 //   # anything                                   comment (also blank lines)
 //   const T BYTES                                a constant storage (parameter, input) named T
-//   call NAME COST [scratch=B] IN... -> OUT...   an op; each OUT is T:BYTES (new storage) or
+//   call NAME COST [scratch=B] [pass=backward] IN... -> OUT...
+//                                                an op; each OUT is T:BYTES (new storage) or
 //                                                T=BASE (a view of BASE's storage)
 //   opaque NAME COST IN... -> OUT...             like call, but not replayable (outputs are
 //                                                constants: an op that cannot be replayed)
@@ -25,8 +26,10 @@
 // torch layer numbers them). COST is a non-negative number in clock units (ns for real runs).
 // Every op line (call, opaque, mutate, mutate-opaque, overwrite) may give, right after COST,
 // `scratch=B`: the bytes of workspace the op held beyond its inputs and outputs while it ran
-// (Note [Scratch memory], runtime.cc); absent means 0. Version 1 is version 2 without it, and
-// version 2 is version 3 without `mark`; both are still read.
+// (Note [Scratch memory], runtime.cc); absent means 0. After it may come `pass=backward`: the op ran
+// in a backward pass (Note [Results of the backward pass], eviction_search.cc).
+// Version 1 is version 2 without `scratch=`, version 2 is version 3 without `mark`, and version
+// 3 is version 4 without `pass=backward`; all are still read.
 // A new tensor holds one reference; a storage lives while any of its tensors is referenced.
 #ifndef DTR_RUNTIME_SIM_TRACE_H_
 #define DTR_RUNTIME_SIM_TRACE_H_
@@ -41,7 +44,7 @@
 
 namespace dtr::sim {
 
-inline constexpr int kTraceVersion = 3;
+inline constexpr int kTraceVersion = 4;
 inline constexpr int kOldestTraceVersion = 1;
 
 enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease, kMark };
@@ -57,6 +60,7 @@ struct TraceEvent {
   std::string name;          // op name (call/opaque/mutate); mark: its label
   double cost = 0;
   uint64_t scratch = 0;      // call/opaque/mutate: Note [Scratch memory]
+  bool backward = false;      // call/opaque/mutate: ran in a backward pass (pass=backward)
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)
   std::vector<TraceOutput> outputs;  // call/opaque: outputs; const: one output
   std::vector<int> mutated;  // mutate: written tensors, a subset of inputs

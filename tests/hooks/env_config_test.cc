@@ -5,6 +5,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -93,19 +95,36 @@ TEST(ParseEnvConfig, MaxReplayDepth) {
   }
 }
 
-// Note [Recomputation limit] (runtime/remat.cc).
-TEST(ParseEnvConfig, MaxRecompute) {
-  EXPECT_EQ(FakeEnv{}.Parse()->max_recompute_ratio, 50);
-  for (auto [text, value] : {std::pair<const char*, double>{"20", 20}, {"0", 0}, {"7.5", 7.5}}) {
-    auto c = FakeEnv{{{"DTR_MAX_RECOMPUTE", text}}}.Parse();
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(c->max_recompute_ratio, value);
+// Factors, a number with a least value: Note [Recomputation limit] (runtime/remat.cc) and Note
+// [Results of the backward pass] (runtime/eviction_search.cc).
+TEST(ParseEnvConfig, Factors) {
+  struct Factor {
+    const char* var;
+    const char* printed;
+    double DtrEnvConfig::*field;
+    double default_value;
+    std::vector<std::pair<const char*, double>> good;
+    std::vector<const char*> bad;
+  };
+  for (const Factor& k : {Factor{"DTR_MAX_RECOMPUTE", "max_recompute=", &DtrEnvConfig::max_recompute_ratio, 50,
+                                 {{"20", 20}, {"0", 0}, {"7.5", 7.5}}, {"-1", "x", "inf", "nan", ""}},
+                          Factor{"DTR_BACKWARD_PROTECTION", "backward_protection=", &DtrEnvConfig::backward_protection,
+                                 RuntimeConfig{}.backward_protection, {{"1", 1}, {"30", 30}, {"2.5", 2.5}},
+                                 {"0.5", "0", "-1", "x", "inf", "nan", ""}}}) {
+    EXPECT_EQ((*FakeEnv{}.Parse()).*k.field, k.default_value) << k.var;
+    for (auto [text, value] : k.good) {
+      auto c = FakeEnv{{{k.var, text}}}.Parse();
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ((*c).*k.field, value) << k.var;
+      EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat(k.printed, value)));
+    }
+    for (const char* bad : k.bad) {
+      auto b = FakeEnv{{{k.var, bad}}}.Parse();
+      ASSERT_FALSE(b.ok()) << k.var << "=" << bad;
+      EXPECT_THAT(std::string(b.status().message()), HasSubstr(k.var));
+    }
   }
-  for (const char* bad : {"-1", "x", "inf", "nan", ""}) {
-    auto b = FakeEnv{{{"DTR_MAX_RECOMPUTE", bad}}}.Parse();
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_MAX_RECOMPUTE"));
-  }
+  EXPECT_EQ(RuntimeConfig{}.backward_protection, 10);
 }
 
 // Count variables taking 0: Note [Neighborhood cost cache] (runtime/neighborhoods.cc) and Note

@@ -170,7 +170,15 @@ def test_trace_file_replays_in_simulator(tmp_path):
     f = tmp_path / "trace.txt"
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f.read_text().startswith("dtr-trace 3")
+    text = f.read_text()
+    assert text.startswith("dtr-trace 4")
+    # Note [Results of the backward pass]: the ops the autograd engine runs for the backward pass
+    # say so; the forward pass's (sigmoid and tanh run only there) do not.
+    ops = [line.split() for line in text.splitlines() if line.startswith(("call ", "mutate ", "overwrite "))]
+    backward = [o for o in ops if o[1].endswith("_backward")]
+    assert backward and all("pass=backward" in o for o in backward), backward[:3]
+    forward = [o for o in ops if o[1] in ("aten::sigmoid", "aten::tanh")]
+    assert forward and not any("pass=backward" in o for o in forward), forward[:3]
     sim = os.path.join(build_dir(), "bin", "dtr-sim")
     assert os.path.exists(sim), f"{sim} is not built (scripts/test.sh builds it; BUILD_DIR names the build)"
     p = subprocess.run([sim, "--trace", str(f)], capture_output=True, text=True, timeout=120)

@@ -55,6 +55,15 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   EXPECT_NE(config.ToString().find("rebuild_protection=30 "), std::string::npos);  // Note [Rebuilt segments]
   config.rebuild_protection = 0.5;  // would make rebuilt storages the first taken
   EXPECT_FALSE(config.Validate().ok());
+  config = RuntimeConfig{};
+  // Note [Results of the backward pass]
+  EXPECT_NE(config.ToString().find("backward_protection=10 "), std::string::npos);
+  config.backward_protection = 0.5;
+  EXPECT_FALSE(config.Validate().ok());
+  config.backward_protection = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(config.Validate().ok());
+  config.backward_protection = 1;  // none
+  EXPECT_TRUE(config.Validate().ok());
   EXPECT_FALSE(ParseDeallocPolicy("lazy").ok());
   EXPECT_EQ(*ParseDeallocPolicy("banish"), DeallocPolicy::kBanish);
   EXPECT_EQ(*ParseSearchMode("exact"), SearchMode::kExact);

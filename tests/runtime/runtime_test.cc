@@ -1329,6 +1329,55 @@ TEST_F(RuntimeTest, WhatARematerializationRebuiltIsTakenLastUntilItEnds) {
   }
 }
 
+// Note [Results of the backward pass]: of two storages alike but for when they were last used,
+// the search takes the staler, unless a backward pass computed it: then its score is multiplied
+// by backward_protection and the fresher one goes first. An in-place op of a backward pass marks
+// the storage it writes; an overwrite outside one starts its recipe afresh and clears the mark.
+TEST_F(RuntimeTest, WhatABackwardPassComputedIsTakenAfterActivations) {
+  for (double protection : {1.0, 10.0}) {
+    RuntimeConfig config;
+    config.heuristic = HeuristicKind::kDtr;
+    config.search = SearchMode::kExact;
+    config.backward_protection = protection;
+    Make(config);
+    StorageId x = Const(1);
+    std::vector<StorageId> in{x};
+    std::vector<uint64_t> sizes{100};
+    Runtime::OpCall backward{"grad", in, sizes, true, 0};
+    backward.backward = true;
+    auto g = rt_->Compute(backward, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    ASSERT_TRUE(g.ok()) << g.status();
+    const StorageId grad = (*g)[0];
+    const StorageId activation = Op1("act", {x}, 100);
+    for (StorageId s : {grad, activation}) (void)Op1("reader", {s}, 0);  // not awaiting their reader
+    Check();
+    EXPECT_TRUE(rt_->storage(grad)->backward_recipe);
+    EXPECT_FALSE(rt_->storage(activation)->backward_recipe);
+    auto victim = rt_->NextVictim();
+    ASSERT_TRUE(victim.has_value());
+    EXPECT_EQ(victim->id, protection == 1 ? grad : activation) << "protection " << protection;
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(grad) / rt_->ScoreOf(activation) / protection,
+                     [&] {  // the same ratio as with no protection: only the factor differs
+                       const double stale_grad = rt_->now() - rt_->storage(grad)->last_access + 1;
+                       const double stale_act = rt_->now() - rt_->storage(activation)->last_access + 1;
+                       return stale_act / stale_grad;
+                     }());
+    // An in-place op of a backward pass marks what it writes; an overwrite outside one unmarks it.
+    std::vector<StorageId> write{activation};
+    Runtime::MutateCall update{"add_", write, write};
+    update.backward = true;
+    ASSERT_TRUE(rt_->Mutate(update, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    EXPECT_TRUE(rt_->storage(activation)->backward_recipe);
+    Check();
+    Runtime::MutateCall fill{"fill_", write, write};
+    fill.overwrites = true;
+    ASSERT_TRUE(rt_->Mutate(fill, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    ASSERT_EQ(rt_->storage(activation)->recipe.size(), 1u);
+    EXPECT_FALSE(rt_->storage(activation)->backward_recipe);
+    Check();
+  }
+}
+
 TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEviction) {
   Make(kUnlimitedBudget, HeuristicKind::kDtr);  // exact search
   StorageId x = Const(1);

@@ -1,5 +1,5 @@
-// Fuzz-style test: thousands of random traces under random budgets, heuristics, policies and
-// search modes, with Runtime::CheckInvariants after every event and the simulator's value and
+// Fuzz-style test: thousands of random traces (a third of their ops marked as a backward pass's)
+// under random budgets, heuristics, policies, search modes and replay-depth limits, with Runtime::CheckInvariants after every event and the simulator's value and
 // byte checks throughout.
 #include <random>
 
@@ -21,6 +21,9 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     gen.seed = rng();
     auto trace = GenerateTrace("random-dag", gen);
     ASSERT_TRUE(trace.ok()) << trace.status();
+    // Note [Results of the backward pass]: a third of the ops marked as a backward pass's.
+    for (TraceEvent& e : trace->events)
+      if (e.kind == EventKind::kCall || e.kind == EventKind::kMutate) e.backward = rng() % 3 == 0;
     auto peak = UnconstrainedPeak(*trace);
     ASSERT_TRUE(peak.ok()) << "seed " << gen.seed << ": " << peak.status();
     SimOptions options;
@@ -34,6 +37,8 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.thrash_damping = double(rng() % 3);
     options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.input_locking = rng() % 2 ? InputLocking::kLazy : InputLocking::kEager;
+    options.runtime.backward_protection = rng() % 2 ? 1 : 10;
+    options.runtime.max_replay_depth = rng() % 4 ? 1000 : 3;  // Note [Bounded replay chains]: detaches
     options.runtime.seed = rng();
     double ratio = 0.2 + 0.8 * std::uniform_real_distribution<double>(0, 1)(rng);
     options.runtime.budget_bytes = std::max<uint64_t>(1, uint64_t(ratio * double(*peak)));

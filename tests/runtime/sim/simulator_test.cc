@@ -222,6 +222,46 @@ mark end
   }
 }
 
+// Note [Results of the backward pass]: g, a gradient (pass=backward), and a, an activation, each
+// read once; w advances the clock, so that g is the staler (staleness 28 against 21) and scores
+// 5/2800 against 7/2100. c needs one of them evicted; u brings it back, and the replay's cost
+// tells which it was: g with no protection, a with the default 10 (g then scores 50/2800). In the
+// second trace g is made by a forward op and marked by an in-place backward op of cost 0 (a
+// gradient accumulated into), which marks it as well.
+TEST(Simulator, WhatTheBackwardPassComputedIsEvictedAfterActivations) {
+  const char* made_backward = R"(dtr-trace 4
+const x 10
+call g 5 pass=backward x -> g:100
+call rg 0 pass=backward g -> rg:0
+)";
+  const char* accumulated_backward = R"(dtr-trace 4
+const x 10
+call g 5 x -> g:100
+mutate acc 0 pass=backward g -> g
+call rg 0 pass=backward g -> rg:0
+)";
+  for (const char* head : {made_backward, accumulated_backward}) {
+    auto trace = ParseTrace(absl::StrCat(head, R"(call a 7 x -> a:100
+call ra 0 a -> ra:0
+call w 20 x -> w:0
+call c 1 x -> c:100
+release c
+call u 1 g a -> u:0
+)"));
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    for (double protection : {1.0, 10.0}) {
+      SimOptions options = Options(210, HeuristicKind::kDtr);
+      options.runtime.search = SearchMode::kExact;
+      options.runtime.backward_protection = protection;
+      auto result = Simulate(*trace, options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_TRUE(result->ok) << result->error;
+      EXPECT_EQ(result->stats.rematerializations, 1u) << protection << "\n" << head;
+      EXPECT_EQ(result->total_cost - result->base_cost, protection == 1 ? 5 : 7) << protection << "\n" << head;
+    }
+  }
+}
+
 // A run out of memory reports the marks it reached, and only those; labels are JSON-escaped.
 TEST(Simulator, AnOutOfMemoryRunReportsTheMarksItReached) {
   auto trace = ParseTrace(R"(dtr-trace 3

@@ -108,8 +108,31 @@ mark step-2
   EXPECT_EQ(trace->events[3].kind, EventKind::kMark);
   EXPECT_EQ(trace->events[3].name, "step-2");
   const std::string text = TraceToString(*trace);
-  EXPECT_THAT(text, HasSubstr("dtr-trace 3\n"));
+  EXPECT_THAT(text, HasSubstr("dtr-trace 4\n"));
   EXPECT_THAT(text, HasSubstr("\nmark step-1\ncall f 2 x -> y:8\nmark step-2\n"));
+  auto again = ParseTrace(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), text);
+}
+
+// Note [Results of the backward pass]: `pass=backward` marks an op of a backward pass, after
+// `scratch=` if both are given.
+TEST(Trace, PassBackwardMarksAnOpAndRoundTrips) {
+  auto trace = ParseTrace(R"(dtr-trace 4
+const x 8
+call f 2 x -> y:8
+call g 3 scratch=16 pass=backward y -> z:8
+mutate h 1 pass=backward z -> z
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 4u);
+  EXPECT_FALSE(trace->events[1].backward);
+  EXPECT_TRUE(trace->events[2].backward);
+  EXPECT_EQ(trace->events[2].scratch, 16u);
+  EXPECT_EQ(trace->events[2].inputs.size(), 1u);  // pass=backward is not read as a tensor
+  EXPECT_TRUE(trace->events[3].backward);
+  const std::string text = TraceToString(*trace);
+  EXPECT_THAT(text, HasSubstr("\ncall f 2 x -> y:8\ncall g 3 scratch=16 pass=backward y -> z:8\nmutate h 1 pass=backward z -> z\n"));
   auto again = ParseTrace(text);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(TraceToString(*again), text);
@@ -140,7 +163,9 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
     const char* message;
   } cases[] = {
       {"call f 1 -> y:1\n", "first line"},
-      {"dtr-trace 4\n", "unsupported trace version 4"},
+      {"dtr-trace 5\n", "unsupported trace version 5"},
+      {"dtr-trace 3\nconst x 1\ncall f 1 pass=backward x -> y:1\n", "'pass=backward' needs trace version 4"},
+      {"dtr-trace 4\nconst x 1\ncall f 1 x pass=backward -> y:1\n", "'pass=backward' is used before it is defined"},
       {"dtr-trace 2\nmark step\n", "'mark' needs trace version 3"},
       {"dtr-trace 3\nmark\n", "expected 'mark LABEL'"},
       {"dtr-trace 0\n", "unsupported trace version 0"},
