@@ -452,8 +452,8 @@ class Engine final : public ReplayBackend,
   // PyTorch's own CUDA allocator (DTR_CUDA_ALLOCATOR=native) or before CUDA is initialized.
   alloc::CachingAllocator* ScratchAllocator();
   uint64_t last_scratch_ = 0;
-  // An op line's cost, with the op's scratch memory when it had any (Note [Trace format]).
-  // Note [Trace format] (runtime/sim/trace.h): COST [scratch=B] [pass=backward].
+  // An op line's cost, then its scratch memory when it had any and whether a backward pass ran it:
+  // COST [scratch=B] [pass=backward] (Note [Trace format], runtime/sim/trace.h).
   std::string TraceCost(double cost, bool backward) const {
     return absl::StrCat(int64_t(cost), last_scratch_ > 0 ? absl::StrCat(" scratch=", last_scratch_) : std::string(),
                         backward ? " pass=backward" : "");

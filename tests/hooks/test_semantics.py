@@ -232,6 +232,51 @@ except RuntimeError as e:
     assert plain.returncode == 0 and plain.stdout.split() == ["False", "refused"], plain.stdout + plain.stderr[-2000:]
 
 
+def test_trace_marks_the_ops_of_a_backward_pass(tmp_path):
+    """Note [Results of the backward pass]: the ops the autograd engine runs for a backward pass
+    are marked pass=backward, those of a backward that builds a graph (create_graph=True) and of
+    its double backward included; forward ops are not, under torch.no_grad either, and neither is
+    the optimizer step, which runs with gradients off but outside a backward pass. (The seed
+    gradient, ones_like, is made before the engine starts.)"""
+    f = tmp_path / "trace.txt"
+    code = """
+import torch, dtr
+x = torch.randn(16, 16)
+w = torch.randn(16, 16, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+dtr.trace_mark("no_grad")
+with torch.no_grad():
+    a = torch.tanh(x @ w)
+dtr.trace_mark("forward")
+y = torch.sigmoid(x @ w).sum()
+dtr.trace_mark("grad")
+g, = torch.autograd.grad(y, w, create_graph=True)
+dtr.trace_mark("forward2")
+z = (g * g).sum()
+dtr.trace_mark("backward2")
+z.backward()
+dtr.trace_mark("step")
+opt.step()
+dtr.trace_mark("end")
+"""
+    r = run([PY, "-c", code], preload=True, DTR_TRACE_FILE=str(f))
+    assert r.returncode == 0, r.stderr[-2000:]
+    phases, phase = {}, None
+    for line in f.read_text().splitlines():
+        if line.startswith("mark "):
+            phase = line.split()[1]
+        elif phase and line.startswith(("call ", "mutate ", "overwrite ")):
+            phases.setdefault(phase, []).append(line.split())
+    assert set(phases) == {"no_grad", "forward", "grad", "forward2", "backward2", "step"}, phases.keys()
+    for name in ("no_grad", "forward", "forward2", "step"):
+        assert not any("pass=backward" in op for op in phases[name]), (name, phases[name])
+    for name in ("grad", "backward2"):
+        assert any("pass=backward" in op for op in phases[name]), (name, phases[name])
+        unmarked = {op[1] for op in phases[name] if "pass=backward" not in op}
+        assert unmarked <= {"aten::ones_like"}, (name, unmarked)
+    assert any(op[1] == "aten::sigmoid_backward" for op in phases["grad"]), phases["grad"]
+
+
 def test_trace_gives_each_ops_scratch_memory(tmp_path):
     """Note [Scratch memory]: CPU convolution allocates a workspace it frees before returning.
     The trace says how much, right after the op's cost, and dtr-sim counts it: a budget below the
