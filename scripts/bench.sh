@@ -2,9 +2,11 @@
 # The budget sweep benchmark on a fresh Debian 12 machine: sets up the venv with dtr installed
 # (scripts/setup.sh), builds dtr-sim and dtr-chain in Release and runs bench/sweep.py, which writes
 # bench/results/<device>.md, <device>.json and <device>_<model>.png, then bench/activation_budgets.py
-# (bench/results/activations.md), the per-op overhead (bench/op_overhead.py) and the DDP overhead
+# (bench/results/activations.md), the per-op overhead (bench/op_overhead.py), dtr's instructions a
+# training step (bench/step_instructions.py: bench/results/instructions.md) and the DDP overhead
 # (bench/results/ddp.md).
-#   bash scripts/bench.sh                       all eight models, CPU (under 20 minutes on 2 cores)
+#   bash scripts/bench.sh                       all eight models, CPU (about an hour on 2 cores,
+#                                               40 minutes of it counting instructions under valgrind)
 #   bash scripts/bench.sh --quick               smoke run: 2 models, 3 budgets, 1 heuristic (< 1 min)
 #   bash scripts/bench.sh --device cuda         the same on a GPU machine
 #   TORCH_VERSION=2.13.0 bash scripts/bench.sh  against the other wheel (scripts/setup.sh)
@@ -29,6 +31,14 @@ echo "== budgets on activations in dtr-sim -> bench/results/activations.md"
 
 echo "== per-op bookkeeping on small CPU ops, side by side with plain PyTorch (bench/results/runtime.md)"
 "$VENV_PY" bench/op_overhead.py
+
+echo "== dtr's instructions a training step, side by side with plain PyTorch (callgrind) -> bench/results/instructions.md"
+# --quick: the chain alone (one valgrind run, about 6 minutes), into a scratch file.
+if [[ " $* " == *" --quick "* ]]; then
+  "$VENV_PY" bench/step_instructions.py --models chain --out "${TMPDIR:-/tmp}/dtr-instructions-quick.md"
+else
+  "$VENV_PY" bench/step_instructions.py --out bench/results/instructions.md
+fi
 
 echo "== 2-rank DDP overhead (gloo, CPU) -> bench/results/ddp.md"
 "$VENV_PY" bench/ddp_overhead.py --out bench/results/ddp.md

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for dtr, idempotently (CI included):
 #   1. Debian packages: compilers, ccache, CMake, Ninja, abseil, GoogleTest, Google Benchmark,
-#      Python's venv and headers;
+#      Python's venv and headers, valgrind (bench/step_instructions.py counts instructions with it);
 #   2. a virtual environment (scripts/env.sh: .venv with torch 2.14.1 by default,
 #      TORCH_VERSION=2.13.0 for the CPU wheel in .venv-2.13.0) with torch pinned (any other
 #      request would download gigabytes), torchvision 0.29.1 beside 2.14.1 (the only torch it
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 packages=(build-essential ccache cmake ninja-build pkg-config libabsl-dev libgtest-dev libgmock-dev googletest
-          libbenchmark-dev python3-venv python3-dev)
+          libbenchmark-dev python3-venv python3-dev valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

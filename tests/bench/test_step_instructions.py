@@ -1,0 +1,91 @@
+"""bench/step_instructions.py without valgrind (about 10 s): its worker runs every mode of the chain
+in one process, its client requests doing nothing off valgrind, and what it reports must hold
+together: the same losses in every mode, ops recorded and no rematerialization under dtr. Then the
+parts that read valgrind's output and judge a run: the dump parser on callgrind's own format,
+and the check that fails a run whose losses differ or that recomputed."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "bench", "step_instructions.py")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("step_instructions", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# pytest-xdist (scripts/test.sh) runs the tests that read the worker's result on one worker, so the
+# worker runs once.
+WORKER_RESULT = pytest.mark.xdist_group("step_instructions_worker")
+
+
+@pytest.fixture(scope="module")
+def worker_result(tmp_path_factory):
+    si = load_script()
+    tmp = tmp_path_factory.mktemp("step_instructions")
+    src, helper = tmp / "helper.c", tmp / "libhelper.so"
+    src.write_text(si.HELPER_C)
+    # valgrind's headers come with scripts/setup.sh (Debian's valgrind package).
+    c = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(helper), str(src)], capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
+    r = subprocess.run([sys.executable, SCRIPT, "--worker", "chain", "--helper", str(helper), "--warmup", "1",
+                        "--steps", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("STEP_INSTRUCTIONS ")]
+    assert len(lines) == 1, r.stdout
+    return si, json.loads(lines[0][len("STEP_INSTRUCTIONS "):])
+
+
+@WORKER_RESULT
+def test_every_mode_trains_the_same_and_dtr_records_without_recomputing(worker_result):
+    si, result = worker_result
+    assert list(result) == list(si.MODES)
+    plain = result["plain"]["losses"]
+    assert len(plain) == 2 and all(isinstance(x, float) for x in plain)
+    for mode in si.MODES[1:]:
+        assert result[mode]["losses"] == plain, mode
+        assert result[mode]["ops_recorded"] > 100, mode  # 64 layers forward and backward, and the step
+        assert result[mode]["rematerializations"] == 0, mode
+        assert result[mode]["eager_evictions"] > 0, mode  # dead activations, with a budget or not
+    si.check("chain", {mode: dict(result[mode], instructions_per_step=1) for mode in si.MODES})
+
+
+@WORKER_RESULT
+def test_check_fails_a_run_whose_losses_differ_or_that_recomputed(worker_result):
+    si, result = worker_result
+    changed = json.loads(json.dumps(result))
+    changed["1 TiB budget"]["losses"][-1] += 1e-7
+    with pytest.raises(SystemExit, match="differ"):
+        si.check("chain", changed)
+    recomputed = json.loads(json.dumps(result))
+    recomputed["no budget"]["rematerializations"] = 0.5
+    with pytest.raises(SystemExit, match="rematerialized"):
+        si.check("chain", recomputed)
+
+
+def test_dumps_are_read_by_mode(tmp_path):
+    si = load_script()
+    # The header of a dump as callgrind 3.19 writes it for CALLGRIND_DUMP_STATS_AT, and the one
+    # it writes at exit (not a measured mode).
+    for i, (trigger, total) in enumerate([("Client Request: measured: no budget", 1500),
+                                          ("Client Request: measured: plain", 1000),
+                                          ("Program termination", 7)]):
+        (tmp_path / f"chain.123.{i + 1}").write_text(
+            f"# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npid: 123\ncmd:  python\npart: {i + 1}\n\n"
+            f"desc: I1 cache: \ndesc: Timerange: Basic block 0 - 10\ndesc: Trigger: {trigger}\n\n"
+            f"positions: line\nevents: Ir\nsummary: {total}\n\nfn=(1) main\n0 {total}\n\ntotals: {total}\n")
+    (tmp_path / "other.124.1").write_text("desc: Trigger: Client Request: measured: plain\ntotals: 5\n")
+    assert si.dumped_instructions(str(tmp_path), "chain.") == {"no budget": 1500, "plain": 1000}
+    rows = si.table(["chain"], {"chain": {"plain": {"instructions_per_step": 1000},
+                                          "no budget": {"instructions_per_step": 1500, "ops_recorded": 10},
+                                          "1 TiB budget": {"instructions_per_step": 1250}}}).splitlines()
+    assert rows[-1] == "| chain | 0.0M | 1.500x | 1.250x | 10 | 50, 25 |"
