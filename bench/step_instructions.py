@@ -109,7 +109,12 @@ def run_model(model, args, helper, dump_dir):
     # One intra-op thread, no BLAS server threads spinning beside the steps, no preload.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     env.pop("LD_PRELOAD", None)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"").decode(errors="replace")[-3000:]  # bytes, text=True or not
+        raise RuntimeError(f"step_instructions: {model}: valgrind ran past --timeout {args.timeout:g} s; raise it on a "
+                           f"slower machine, or lower --warmup/--steps\n{tail}") from None
     lines = [l for l in p.stdout.splitlines() if l.startswith("STEP_INSTRUCTIONS ")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"step_instructions: {model}: exit {p.returncode}\n{p.stderr[-3000:]}")
@@ -155,6 +160,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="measured steps")
     ap.add_argument("--jobs", type=int, default=2, help="valgrind processes at once")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a model's valgrind run may take")
     ap.add_argument("--out", default=None, help="also write the table, with how it was made, as markdown here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
@@ -180,7 +186,12 @@ def main():
                      f"{c.stderr}")
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as ex:
             futures = {m: ex.submit(run_model, m, args, helper, tmp) for m in models}
-            results = {m: f.result() for m, f in futures.items()}
+            try:
+                results = {m: f.result() for m, f in futures.items()}
+            except RuntimeError as e:  # what failed, without a traceback through the thread pool
+                for f in futures.values():
+                    f.cancel()
+                sys.exit(str(e))
     for m in models:
         check(m, results[m])
     text = table(models, results)
