@@ -2,8 +2,9 @@
 // an op that forces one eviction decision, at 256 and 10^3 to 10^6 resident storages (exact search
 // to 10^5), for each victim search mode. 256 is a pool that sampled search scores whole, or
 // samples with exhaustive_pool 0 (Note [Small pools are searched whole]). The difference between
-// the two is the cost of the eviction decision (bench/results/runtime.md). The default heuristic
-// unless a name says otherwise.
+// the two is the cost of the eviction decision with its eviction (bench/results/runtime.md);
+// BM_NextVictimSampled times the decision alone. The default heuristic unless a name says
+// otherwise.
 #include <memory>
 #include <vector>
 
@@ -97,9 +98,26 @@ void RankCandidates(benchmark::State& state, SearchMode search) {
   state.counters["scored_per_ranking"] =
       double(f.runtime->stats().candidates_scored - scored_before) / double(state.iterations());
 }
+// The decision alone (item 4 of issue 16 times it): the victim Reserve would evict next, left
+// resident (Runtime::NextVictim, what the allocators ask on the CPU). Nothing is evicted, so the
+// state stays the fixture's but for the draws and the carried runners-up; walked neighborhood
+// costs stay cached as they would between decisions that do not touch the evicted regions.
+void NextVictim(benchmark::State& state, SearchMode search) {
+  Fixture f(state.range(0), Config(search), false);
+  uint64_t scored_before = f.runtime->stats().candidates_scored;
+  uint64_t visits_before = f.runtime->stats().neighborhood_visits;
+  for (auto _ : state) benchmark::DoNotOptimize(f.runtime->NextVictim());
+  state.counters["scored_per_decision"] =
+      double(f.runtime->stats().candidates_scored - scored_before) / double(state.iterations());
+  state.counters["visits_per_decision"] =
+      double(f.runtime->stats().neighborhood_visits - visits_before) / double(state.iterations());
+}
+void BM_NextVictimSampled(benchmark::State& state) { NextVictim(state, SearchMode::kSampled); }
+
 void BM_RankCandidatesSampled(benchmark::State& state) { RankCandidates(state, SearchMode::kSampled); }
 void BM_RankCandidatesExact(benchmark::State& state) { RankCandidates(state, SearchMode::kExact); }
 
+BENCHMARK(BM_NextVictimSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RankCandidatesSampled)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
 BENCHMARK(BM_RankCandidatesExact)->Arg(1000)->Arg(10000)->Arg(100000);
 BENCHMARK(BM_RecordOpNoPressure)->Arg(256)->Arg(1000)->Arg(10000)->Arg(100000)->Arg(1000000);
