@@ -12,8 +12,8 @@ mode's bit for bit, and no mode may rematerialize. dtr's counters give the ops i
 step, and so the instructions it added an op.
 
 What the ratios leave out: memory stalls and page faults are not instructions, and the plain
-mode uses PyTorch's CPU allocator where dtr's modes use dtr's, so they bound the time ratios from
-below (bench/results/cpu.md has those, with the noise). dtr is enabled after torch has run the
+mode uses PyTorch's CPU allocator where dtr's modes use dtr's (which may fault less), so they are
+not time ratios (bench/results/cpu.md has those, with the noise): they isolate dtr's own work. dtr is enabled after torch has run the
 plain mode, which dtr supports (tensors made before are left alone); a preloaded run
 (`python -m dtr`) records the same ops.
 
