@@ -13,9 +13,9 @@ step, and so the instructions it added an op.
 
 What the ratios leave out: memory stalls and page faults are not instructions, and the plain
 mode uses PyTorch's CPU allocator where dtr's modes use dtr's (which may fault less), so they are
-not time ratios (bench/results/cpu.md has those, with the noise): they isolate dtr's own work. dtr is enabled after torch has run the
-plain mode, which dtr supports (tensors made before are left alone); a preloaded run
-(`python -m dtr`) records the same ops.
+not time ratios (bench/results/cpu.md has those, with the noise): they isolate dtr's own work.
+dtr is enabled after torch has run the plain mode, which dtr supports (tensors made before are
+left alone); a preloaded run (`python -m dtr`) records the same ops.
 
 Needs valgrind (Debian: apt-get install valgrind, which scripts/setup.sh installs) and a C
 compiler. A model takes 5-15 minutes on this machine (torch's import under valgrind, not
@@ -72,14 +72,14 @@ def worker(args):
         opt = step_worker.make_optimizer(model)
         torch.manual_seed(1234)  # dropout masks, as step_worker.run_block
         losses = [step_worker.train_step(bm, "model", model, opt, batches[i]) for i in range(args.warmup)]
-        before = json.loads(torch.ops.dtr.stats()) if mode != "plain" else None
+        before = step_worker.dtr_stats() if mode != "plain" else None
         helper.dtr_bench_start()
         for i in range(args.warmup, args.warmup + args.steps):
             losses.append(step_worker.train_step(bm, "model", model, opt, batches[i]))
         helper.dtr_bench_stop((DUMP_PREFIX + mode).encode())
         out[mode] = {"losses": losses}
         if before is not None:
-            after = json.loads(torch.ops.dtr.stats())
+            after = step_worker.dtr_stats()
             out[mode].update({k: (after[k] - before[k]) / args.steps for k in COUNTERS})
         del model, opt
     print("STEP_INSTRUCTIONS " + json.dumps(out), flush=True)
