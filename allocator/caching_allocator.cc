@@ -3,7 +3,6 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -124,10 +123,6 @@ bool InMakeRoom(const CachingAllocator* allocator) {
 }
 
 }  // namespace
-
-bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
-  return std::tie(a->stream.id, a->size, a->ptr) < std::tie(b->stream.id, b->size, b->ptr);
-}
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
     const AllocatorConfig& config, DeviceMemoryBackend* backend) {
@@ -322,16 +317,11 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
 
 CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, Pool pool,
                                                                Stream stream) const {
-  const FreeSet& set = free_blocks_[static_cast<int>(pool)];
-  Block key;
-  key.stream = stream;
-  key.size = rounded;
-  key.ptr = 0;
-  auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
-  const Block* b = *it;
+  // Best fit: the smallest block of this stream that is large enough.
+  Block* b = free_blocks_[static_cast<int>(pool)].SmallestFitting(stream, rounded);
+  if (b == nullptr) return nullptr;
   if (ExactReuseRefusesLocked(b->size, b->prev == nullptr && b->next == nullptr, rounded)) return nullptr;
-  return *it;  // best fit: the smallest block of this stream that is large enough
+  return b;
 }
 
 bool CachingAllocator::ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const {
@@ -728,7 +718,7 @@ EvictionRequest CachingAllocator::MakeRequest(size_t bytes, Stream stream) const
 size_t CachingAllocator::LargestFreeBlockLocked() const {
   size_t largest = 0;
   for (const FreeSet& set : free_blocks_) {
-    for (const Block* block : set) largest = std::max(largest, block->size);
+    set.ForEach([&](const Block* block) { largest = std::max(largest, block->size); });
   }
   return largest;
 }
@@ -836,7 +826,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
       }
       // Note [Free set mirrors free blocks].
       const FreeSet& set = free_blocks_[static_cast<int>(b->pool)];
-      const bool in_free_set = set.count(const_cast<Block*>(b)) == 1;
+      const bool in_free_set = set.Contains(b);
       if (b->allocated) {
         if (b->pending_events != 0) return fail("allocated block ", b->ptr, " has events");
         auto it = allocated_blocks_.find(b->ptr);

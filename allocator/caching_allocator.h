@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_set.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -133,13 +133,45 @@ class CachingAllocator {
     bool releasable = false;  // counted in releasable_bytes_ (Note [Releasable bytes])
     bool OneFreeBlock() const { return head->is_free() && head->next == nullptr; }
   };
-  // Free sets are ordered by (stream, size, address) as in PyTorch's BlockComparator.
-  struct BlockOrder {
-    bool operator()(const Block* a, const Block* b) const;
-  };
+  // A pool's free blocks, ordered by (stream, size, address) as in PyTorch's BlockComparator.
   // A B-tree: a block freed or handed out moves no node to or from the heap, as a std::set's
-  // would on every allocation.
-  using FreeSet = absl::btree_set<Block*, BlockOrder>;
+  // would on every allocation. The order's key is kept beside each block pointer, so a search
+  // compares integers in the node it reads instead of loading every block it passes (a set of
+  // Block* ordered through the pointers spent about 1.3k instructions an op in the free set).
+  // A block's key fields (stream, size, ptr) must not change while it is in the set.
+  class FreeSet {
+   public:
+    void insert(Block* b) { blocks_.emplace(KeyOf(*b), b); }
+    void erase(const Block* b) { blocks_.erase(KeyOf(*b)); }
+    bool Contains(const Block* b) const {
+      auto it = blocks_.find(KeyOf(*b));
+      return it != blocks_.end() && it->second == b;
+    }
+    size_t size() const { return blocks_.size(); }
+    // The smallest block of `stream` with at least `size` bytes, or null.
+    Block* SmallestFitting(Stream stream, size_t size) const {
+      auto it = blocks_.lower_bound(Key{stream.id, size, 0});
+      return it == blocks_.end() || it->first.stream != stream.id ? nullptr : it->second;
+    }
+    template <typename Fn>
+    void ForEach(Fn&& fn) const {
+      for (const auto& [key, block] : blocks_) fn(block);
+    }
+
+   private:
+    struct Key {
+      uint64_t stream;
+      size_t size;
+      uintptr_t ptr;
+      friend bool operator<(const Key& a, const Key& b) {
+        if (a.stream != b.stream) return a.stream < b.stream;
+        if (a.size != b.size) return a.size < b.size;
+        return a.ptr < b.ptr;
+      }
+    };
+    static Key KeyOf(const Block& b) { return Key{b.stream.id, b.size, b.ptr}; }
+    absl::btree_map<Key, Block*> blocks_;
+  };
   struct PendingEvent {
     EventHandle event;
     Block* block;

@@ -137,18 +137,6 @@ bool Runtime::Eligible(const StorageRecord& r) const {
   return r.resident() && r.rematerializable() && r.pins == 0 && r.size > 0;
 }
 
-void Runtime::FillPoolEntry(const StorageRecord& r, PoolEntry* e) {
-  e->cost = r.cost;
-  e->last_access = r.last_access;
-  e->size = r.size;
-  e->neighborhood_walked_at = r.neighborhood_walked_at;
-  e->neighborhood_cost = r.neighborhood_cost;
-  e->flags = (r.locks > 0 ? PoolEntry::kLocked : 0) | (AwaitsReader(r) ? PoolEntry::kAwaitsReader : 0) |
-             (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
-             (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
-             (r.waits > 0 ? PoolEntry::kAwaited : 0) | (r.backward_recipe ? PoolEntry::kBackward : 0);
-}
-
 void Runtime::SyncPool(StorageId id) {
   StorageRecord& r = rec(id);
   bool in_pool = r.pool_index != UINT32_MAX;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
 
@@ -33,7 +33,7 @@ using runtime_internal::ContainsValue;
 
 absl::Status Runtime::Mutate(const MutateCall& call,
                              absl::FunctionRef<absl::StatusOr<double>()> execute) {
-  std::vector<StorageId> reads(call.inputs.begin(), call.inputs.end());
+  absl::InlinedVector<StorageId, 8> reads(call.inputs.begin(), call.inputs.end());
   reads.insert(reads.end(), call.mutated.begin(), call.mutated.end());
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, reads, &inputs); !s.ok()) return s;
@@ -115,13 +115,14 @@ absl::Status Runtime::Mutate(const MutateCall& call,
 absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
   // Note [Mutation]: walk downstream from the mutated storages through the unreferenced ones.
   std::vector<StorageId> freeze, bring_back, abandon, frontier, next;
-  absl::flat_hash_set<uint64_t> seen;
   auto walk = [&] {
     freeze.clear();
     bring_back.clear();
     abandon.clear();
     frontier.clear();
-    seen.clear();
+    // Visited marks without a hash set: nothing in this walk searches for victims or walks a
+    // neighborhood, which use the same marks.
+    const uint32_t epoch = NextWalkEpoch();
     for (StorageId m : mutated) {
       Dependents(m, &next);
       frontier.insert(frontier.end(), next.begin(), next.end());
@@ -129,8 +130,9 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
     while (!frontier.empty()) {
       StorageId t = frontier.back();
       frontier.pop_back();
-      if (!seen.insert(t.packed()).second) continue;
-      const StorageRecord& r = rec(t);
+      StorageRecord& r = rec(t);
+      if (r.walk_epoch == epoch) continue;
+      r.walk_epoch = epoch;
       if (!r.rematerializable()) continue;
       const bool held = r.external_refs > 0 || r.pins > 0;
       if (r.resident() && (held || r.locks > 0)) {

@@ -94,8 +94,8 @@ struct StorageRecord {
   // Note [Bounded replay chains] (runtime.cc): recipe ops on the longest chain of
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;
-  // The last neighborhood walk that visited it (Runtime::NextWalkEpoch): a visited mark without
-  // a hash set per walk.
+  // The last neighborhood walk, or walk of a mutated storage's readers (Note [Mutation]), that
+  // visited it (Runtime::NextWalkEpoch): a visited mark without a hash set per walk.
   uint32_t walk_epoch = 0;
   ConstantReason constant_reason = ConstantReason::kNone;  // Note [Constants by reason]
   // Note [Neighborhood cost cache] (neighborhoods.cc): the last full walk's cost, and the

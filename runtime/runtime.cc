@@ -196,7 +196,7 @@ void Runtime::UnlockAll(const InputList& ids) {
   DrainCollection();
 }
 
-absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
+absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, call.inputs, &inputs); !s.ok()) return s;
   auto unlock_inputs = [&] { UnlockAll(inputs); };
@@ -211,8 +211,7 @@ absl::StatusOr<std::vector<StorageId>> Runtime::Compute(const OpCall& call, Exec
     return s;
   }
 
-  std::vector<StorageId> outputs;
-  outputs.reserve(call.output_sizes.size());
+  OutputIds outputs;
   for (uint64_t size : call.output_sizes) {
     StorageRecord r;
     r.size = size;

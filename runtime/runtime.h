@@ -67,7 +67,9 @@ class Runtime {
   // its outputs, calls `execute` with the new output ids (it returns the measured cost), then
   // records the outputs, each holding one external reference.
   using ExecuteFn = absl::FunctionRef<absl::StatusOr<double>(absl::Span<const StorageId> outputs)>;
-  absl::StatusOr<std::vector<StorageId>> Compute(const OpCall& call, ExecuteFn execute);
+  // Inline: most ops have one or two outputs, and recording one then allocates nothing for them.
+  using OutputIds = absl::InlinedVector<StorageId, 2>;
+  absl::StatusOr<OutputIds> Compute(const OpCall& call, ExecuteFn execute);
 
   struct MutateCall {
     absl::string_view name;
@@ -234,7 +236,19 @@ class Runtime {
   void RefreshPoolEntry(const StorageRecord& r) {
     if (r.pool_index != UINT32_MAX) FillPoolEntry(r, &pool_[r.pool_index]);
   }
-  static void FillPoolEntry(const StorageRecord& r, PoolEntry* e);
+  // Inline: every lock, unlock and touch of an evictable storage refreshes its entry (about eight
+  // an op), which cost some 360 instructions an op as a call.
+  static void FillPoolEntry(const StorageRecord& r, PoolEntry* e) {
+    e->cost = r.cost;
+    e->last_access = r.last_access;
+    e->size = r.size;
+    e->neighborhood_walked_at = r.neighborhood_walked_at;
+    e->neighborhood_cost = r.neighborhood_cost;
+    e->flags = (r.locks > 0 ? PoolEntry::kLocked : 0) | (AwaitsReader(r) ? PoolEntry::kAwaitsReader : 0) |
+               (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
+               (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
+               (r.waits > 0 ? PoolEntry::kAwaited : 0) | (r.backward_recipe ? PoolEntry::kBackward : 0);
+  }
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
   // neighborhoods.cc.

@@ -72,7 +72,7 @@ class RuntimeTest : public ::testing::Test {
                              [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
     EXPECT_TRUE(outs.ok()) << outs.status();
     Check();
-    return outs.ok() ? *outs : std::vector<StorageId>{};
+    return outs.ok() ? std::vector<StorageId>(outs->begin(), outs->end()) : std::vector<StorageId>{};
   }
   StorageId Op1(const std::string& name, std::vector<StorageId> inputs, uint64_t size, double cost = 1) {
     return Op(name, inputs, {size}, cost)[0];
