@@ -137,19 +137,22 @@ def test_activation_budgets_table(tmp_path):
 
 def test_op_overhead_reports_each_mode_against_plain():
     """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, and dtr's modes
-    slower than plain by the median (the fallback roughly triples a small op's time, far beyond
-    this machine's noise, so a ratio below 1 would mean dtr was not enabled in its process)."""
+    slower than plain in their fastest rounds (the fallback about doubles this op's instructions:
+    22.7k against 11.6k, bench/results/runtime.md; the fastest round is the one other processes
+    slowed least, where a median of three moved 2.5x under CI's parallel tests: a dtr mode faster
+    than plain there would mean dtr was not enabled in its process)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     r = subprocess.run([PY, os.path.join(REPO, "bench", "op_overhead.py"), "--rounds", "3", "--ops", "3000"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    rows = {}
+    rows, fastest = {}, {}
     for line in r.stdout.splitlines()[1:]:
         mode, rest = line[:14].strip(), line[14:].split()
         rows[mode] = float(rest[1].rstrip("x"))
+        fastest[mode] = min(float(v) for v in rest[3:])  # the rounds' us/op
     assert set(rows) == {"plain", "no budget", "1 TiB budget"}, r.stdout
     assert rows["plain"] == 1.0
-    assert rows["no budget"] > 1.0 and rows["1 TiB budget"] > 1.0, r.stdout
+    assert fastest["no budget"] > fastest["plain"] and fastest["1 TiB budget"] > fastest["plain"], r.stdout
 
 
 def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
