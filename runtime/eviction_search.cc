@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -23,12 +24,14 @@ namespace dtr {
 //
 // Note [Candidate table]
 // Each pool entry (PoolEntry, records.h) mirrors what a search reads of its storage: cost, size,
-// last access, the cached neighborhood cost (Note [Neighborhood cost cache]) and flags for what
-// makes it skipped or in need of its record (locked, awaiting its reader, an evicted neighbor,
-// a thrash or rebuild factor that may apply). A sampled search reads 48 contiguous bytes per
-// candidate, loaded together before any is scored (DrawCandidates), and reads a record only to
-// walk a neighborhood, for a damping factor, for the handles of what a ranking returns (and the
-// victim's), or to find a carried runner-up that moved in the pool.
+// last access and flags for what makes it skipped or in need of its record (locked, awaiting its
+// reader, an evicted neighbor, a thrash or rebuild factor that may apply). A sampled search reads
+// one aligned 32-byte entry per candidate, loaded together before any is scored (DrawCandidates),
+// and reads a record only to walk a neighborhood or reuse a walked cost, for a damping factor,
+// for the handles of what a ranking returns (and the victim's), or to find a carried runner-up
+// that moved in the pool. Until stop 48 the entry also mirrored the cached neighborhood cost
+// (48 bytes, half of them across two cache lines), which only the non-default event-count cache
+// read without the record (Note [A decision in a few thousand instructions]).
 // Before, every candidate's record was read, twice (scoring, then ranking), each a cache miss
 // once the records (about 200 bytes each) outgrow the cache. Whatever changes a mirrored field
 // of a pool member refreshes its entry (SyncPool or RefreshPoolEntry; Touch writes the last access)
@@ -162,22 +165,32 @@ void Runtime::SyncPool(StorageId id) {
 
 // ---- Victim search --------------------------------------------------------------------------
 
-// Inline in the searches below: every candidate of every search starts here.
-inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e) {
-  ++stats_.candidates_scored;
+// The flags whose factors need EntryDamping; an entry with none has a damping of 1.
+static constexpr uint64_t kDampingFlags = PoolEntry::kRemats | PoolEntry::kRebuilt | PoolEntry::kBackward;
+
+// Inline in the searches below: every candidate of every search starts here. The caller counts
+// it in stats_.candidates_scored and passes what it reads of the runtime (the heuristic, the
+// clock), which a pass over many candidates reads once.
+inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e, HeuristicKind kind, double now) {
   PartialScore p;
-  p.kind = config_.heuristic;
+  p.kind = kind;
   p.in.cost = e.cost;
   p.in.size = double(e.size);
-  p.in.staleness = std::max(now_ - e.last_access, 0.0) + 1.0;
-  if (config_.heuristic == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
-  if (e.flags & (PoolEntry::kRemats | PoolEntry::kRebuilt | PoolEntry::kBackward)) {  // else 1: one test for most
-    const bool thrash = config_.thrash_damping > 0 && (e.flags & PoolEntry::kRemats);
-    const bool rebuilt = rebuilds_underway_ > 0 && (e.flags & PoolEntry::kRebuilt);
-    if (thrash || rebuilt) p.damping = Damping(e.id, thrash, rebuilt);  // else the entry is all there is to read
-    if (e.flags & PoolEntry::kBackward) p.damping *= config_.backward_protection;  // Note [Results of the backward pass]
-  }
+  p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
+  if (kind == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
+  if (e.flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
   return p;
+}
+
+// The factors a few entries carry (Note [Thrashing], Note [Rebuilt segments], Note [Results of the
+// backward pass]); out of line, so the pass over the candidates stays short.
+double Runtime::EntryDamping(const PoolEntry& e) {
+  double damping = 1;
+  const bool thrash = config_.thrash_damping > 0 && (e.flags & PoolEntry::kRemats);
+  const bool rebuilt = rebuilds_underway_ > 0 && (e.flags & PoolEntry::kRebuilt);
+  if (thrash || rebuilt) damping = Damping(e.id, thrash, rebuilt);  // else the entry is all there is to read
+  if (e.flags & PoolEntry::kBackward) damping *= config_.backward_protection;  // Note [Results of the backward pass]
+  return damping;
 }
 
 double Runtime::Damping(StorageId id, bool thrash, bool rebuilt) {
@@ -210,7 +223,8 @@ double Runtime::PartialScore::CostLimit(double above) const {
 }
 
 double Runtime::ScoreUnchecked(const PoolEntry& e) {
-  const PartialScore p = StartScore(e);
+  ++stats_.candidates_scored;
+  const PartialScore p = StartScore(e, config_.heuristic, now_);
   return p.FinalInline(EntryNeighborhoodCost(e));
 }
 
@@ -245,7 +259,8 @@ double Runtime::ScoreOf(StorageId id) {
 // peaks, 8% and 21% fewer. Shared evicted regions, not losing candidates, are the rest.
 // Since stop 44 the candidates without an evicted neighbor (three quarters of a sample in
 // runtime_bench's fixture, whose bound is their score) are scored first, in one pass, and their
-// keep best distinct pairs selected (KeepBest: nth_element, then a sort of those kept); the walks
+// keep best distinct pairs selected (since stop 48 as the pass goes, Note [A decision in a few
+// thousand instructions]; from stop 44 by nth_element, then a sort of those kept); the walks
 // follow in the order of their bounds, each held to the keep-th best of all of those and of the
 // walks before it. That bound is at least as tight as stop 43's, which merged those candidates in
 // as the walks passed their scores, so the victim and the carried runners-up are the same and
@@ -264,6 +279,33 @@ double Runtime::ScoreOf(StorageId id) {
 // differently, as many better as worse. The fixture at 1e5 storages: 27.8k -> 18.9k instructions
 // an op with its eviction, with the SplitMix64 draws (Note [Victim search]), and medians of 13.0
 // -> 10.4 us (bench/results/runtime.md, "A leaner victim search").
+//
+// Note [A decision in a few thousand instructions]
+// Issue 16 asks for a decision in at most 2 us at 1e5 live storages. At stop 47 a sampled one
+// took 15.0k instructions and about 5 us in runtime_bench's fixture (BM_NextVictimSampled), for
+// 80 candidates: about 190 instructions a candidate where scoring one is a division and a
+// comparison. Stop 48 cut it to about half without changing a decision:
+// - The kept pairs are chosen as the first pass goes: the carried runners-up come first and in
+//   their order (Note [Victim search]), so they join the list at its end, and once it is full a
+//   fresh draw is turned away by one comparison with a local copy of its last pair. KeepBest
+//   (nth_element, then a sort of those kept, both branching on every comparison) went.
+// - The first pass reads what it needs of the runtime once (the clock, the arrays' bases, the
+//   heuristic as a constant of each instance, the scored count in a local): a store through the
+//   arrays could alias a member, so the compiler reloaded or wrote back each on every candidate.
+// - A candidate with an evicted neighbor whose bound already exceeds what a walk must beat is
+//   left out of the walks there (what a walk must beat only falls as the search goes, so it
+//   would have been passed over), and only the others' records are loaded: stop 47 loaded the
+//   record of every such candidate (a quarter of a sample) for about one walk a decision.
+// - Candidates are pool indices, read where they are, not 56-byte copies; a whole-pool search
+//   no longer copies the pool.
+// - A pool entry is 32 bytes, aligned (Note [Candidate table]): one cache line a candidate
+//   instead of 1.5 on average.
+// The victim and the carried runners-up are the same: dtr-sim's output, but for neighborhood
+// visits and cache hits, is identical to stop 47's on 224 runs (the eight benchmark models'
+// traces under dtr, msps and dtr-eq at 0.7, 0.5 and 0.35 of the peak, sampled, exact and sampled
+// with --exhaustive-pool 0; a generated U-Net and TreeLSTM of 102k and 680k events, sampled) and
+// on 66 under the 8-event cache with --check. Measured in bench/results/runtime.md ("A decision
+// in a few thousand instructions").
 static constexpr double kUnscored = -1;  // scores are never negative
 static constexpr size_t kMaxKeptForCutting = 64;
 // Note [Prefetched neighborhoods]: a whole pool is scored without prefetching (its loads would
@@ -271,9 +313,8 @@ static constexpr size_t kMaxKeptForCutting = 64;
 static constexpr size_t kMaxPrefetchedCandidates = 256;
 static constexpr size_t kMinStoragesToPrefetch = 8192;
 
-static bool Skipped(const PoolEntry& e) {
-  return e.flags & (PoolEntry::kLocked | PoolEntry::kAwaitsReader | PoolEntry::kAwaited);
-}
+static constexpr uint64_t kSkippedFlags = PoolEntry::kLocked | PoolEntry::kAwaitsReader | PoolEntry::kAwaited;
+static bool Skipped(const PoolEntry& e) { return e.flags & kSkippedFlags; }
 
 // Note [Prefetched neighborhoods]
 // A union-find neighborhood cost (dtr-eq) reads, for each evicted-neighbor candidate, its recipe
@@ -292,15 +333,17 @@ static bool Skipped(const PoolEntry& e) {
 // that a reader's output holds the reader in its recipe: that check reads the very records
 // being prefetched (a few extra loads cost less than a miss each).
 void Runtime::PrefetchNeighborhoods() const {
-  for (const Drawn& c : candidates_) {
-    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
-    const StorageRecord& r = storages_[c.entry.id];
+  for (const uint32_t index : candidates_) {
+    const PoolEntry& e = pool_[index];
+    if (!(e.flags & PoolEntry::kNeighborEvicted)) continue;
+    const StorageRecord& r = storages_[e.id];
     for (OpId op : r.recipe) ops_.Prefetch(op);
     for (OpId op : r.readers) ops_.Prefetch(op);
   }
-  for (const Drawn& c : candidates_) {
-    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
-    const StorageRecord& r = storages_[c.entry.id];
+  for (const uint32_t index : candidates_) {
+    const PoolEntry& e = pool_[index];
+    if (!(e.flags & PoolEntry::kNeighborEvicted)) continue;
+    const StorageRecord& r = storages_[e.id];
     for (OpId op : r.recipe)
       if (const OpRecord* o = ops_.Find(op))
         for (StorageId in : o->inputs) storages_.Prefetch(in);
@@ -308,9 +351,10 @@ void Runtime::PrefetchNeighborhoods() const {
       if (const OpRecord* o = ops_.Find(op))
         for (StorageId out : o->outputs) storages_.Prefetch(out);
   }
-  for (const Drawn& c : candidates_) {
-    if (!(c.entry.flags & PoolEntry::kNeighborEvicted)) continue;
-    ForEachNeighbor(c.entry.id, [&](StorageId n) {
+  for (const uint32_t index : candidates_) {
+    const PoolEntry& e = pool_[index];
+    if (!(e.flags & PoolEntry::kNeighborEvicted)) continue;
+    ForEachNeighbor(e.id, [&](StorageId n) {
       const StorageRecord& r = storages_[n];
       if (!r.resident()) components_.Prefetch(r.component);
     });
@@ -320,8 +364,9 @@ void Runtime::PrefetchNeighborhoods() const {
 void Runtime::InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
   const size_t n = best->size();  // entry comes before best->back() if the list is full
   Scored* kept = best->data();
-  size_t place = n;  // after every pair not above entry (an insertion sort: the list is short)
-  while (place > 0 && entry < kept[place - 1]) --place;
+  // After every pair not above entry: a binary search, since a ranking keeps 32 and more, and
+  // after the carried runners-up most of its draws land inside the list.
+  const size_t place = size_t(std::upper_bound(kept, kept + n, entry) - kept);
   // A storage drawn twice is scored the same twice, so the equal pair lies just before the
   // place; except under random, which draws a score per candidate: there a storage drawn twice
   // can be kept, and carried, twice.
@@ -345,7 +390,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   const bool keep_best = keep <= kMaxKeptForCutting;
   auto record_score = [&](size_t i, double score) {
     candidate_scores_[i] = score;
-    return Scored{score, candidates_[i].entry.id, candidates_[i].pool_index, uint32_t(i)};
+    return Scored{score, pool_[candidates_[i]].id, candidates_[i], uint32_t(i)};
   };
   if (!keep_best || !NeighborhoodWalks() || !config_.cut_losing_walks) {
     std::fill(candidate_scores_.begin(), candidate_scores_.end(), kUnscored);
@@ -353,7 +398,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
         storages_.size() >= kMinStoragesToPrefetch)
       PrefetchNeighborhoods();
     for (size_t i = 0; i < count; ++i) {
-      const PoolEntry& e = candidates_[i].entry;
+      const PoolEntry& e = pool_[candidates_[i]];
       if (Skipped(e)) continue;
       const Scored entry = record_score(i, ScoreUnchecked(e));
       if (keep_best && double(e.size) >= small) KeepIfAmongBest(entry, keep, &best_);
@@ -367,64 +412,77 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
   partial.resize(count);
   search_order_.clear();
   double best_small = std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < count; ++i) {
-    const PoolEntry& e = candidates_[i].entry;
-    candidate_scores_[i] = kUnscored;  // until scored
-    if (Skipped(e)) continue;
-    const PartialScore p = StartScore(e);
-    const double bound = p.FinalInline(0);
-    if (e.flags & PoolEntry::kNeighborEvicted) {
-      partial[i] = p;
-      search_order_.push_back({bound, uint32_t(i)});
-    } else if (p.in.size < small) {
-      candidate_scores_[i] = bound;
-      best_small = std::min(best_small, bound);
-    } else {
-      best_.push_back(record_score(i, bound));
+  // The pass every candidate takes, so what it reads of the runtime is read once: a store
+  // through the arrays below may alias a member, which the compiler would otherwise reload
+  // (now_, the arrays' bases) or write back (the scored count) on every candidate. Only dtr and
+  // msps walk (NeighborhoodWalks), so kRandom's draw is not needed here, and the heuristic is a
+  // constant of each instance of the pass.
+  const PoolEntry* const pool = pool_.data();
+  const uint32_t* const drawn = candidates_.data();
+  double* const scores = candidate_scores_.data();
+  const double now = now_;
+  uint64_t scored = 0;
+  auto first_pass = [&](auto heuristic) {
+    constexpr HeuristicKind kind = decltype(heuristic)::value;
+    // The kept list's last pair while it is full: most candidates lose to it, one comparison.
+    bool full = false;
+    Scored last{};
+    for (size_t i = 0; i < count; ++i) {
+      const PoolEntry& e = pool[drawn[i]];
+      const uint64_t flags = e.flags;
+      scores[i] = kUnscored;  // until scored
+      if (flags & kSkippedFlags) continue;
+      ++scored;
+      PartialScore p;
+      p.kind = kind;
+      p.in.cost = e.cost;
+      p.in.size = double(int64_t(e.size));  // below 2^56: exact, and one instruction where unsigned takes several
+      p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
+      if (flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
+      const double bound = p.FinalInline(0);
+      if (flags & PoolEntry::kNeighborEvicted) {
+        // What a walk must beat only falls as candidates are kept, so one whose bound is already
+        // above it would be passed over by the walks below: it is left out of them now. The
+        // others' records are loaded now, so that their misses overlap the rest of this pass.
+        const bool is_small = p.in.size < small;
+        if (is_small ? bound > best_small : full && bound > last.score) continue;
+        storages_.Prefetch(e.id);
+        partial[i] = p;
+        search_order_.push_back({bound, uint32_t(i)});
+        continue;
+      }
+      scores[i] = bound;
+      if (p.in.size < small) {
+        best_small = std::min(best_small, bound);
+        continue;
+      }
+      // KeepIfAmongBest's test, !(entry < last), on the local copy and before the pair is made.
+      if (full && !(bound < last.score) && (bound != last.score || !(e.id < last.id))) continue;
+      const Scored entry{bound, e.id, drawn[i], uint32_t(i)};
+      // The carried runners-up come first, in their order: most join the list at its end.
+      if (!full && (best_.empty() || (best_.back() < entry && best_.back().id != entry.id))) best_.push_back(entry);
+      else InsertAmongBest(entry, keep, &best_);
+      full = best_.size() == keep;
+      if (full) last = best_.back();
     }
-  }
-  KeepBest(keep, &best_);
+  };
+  if (config_.heuristic == HeuristicKind::kDtr) first_pass(std::integral_constant<HeuristicKind, HeuristicKind::kDtr>{});
+  else first_pass(std::integral_constant<HeuristicKind, HeuristicKind::kMsps>{});
+  stats_.candidates_scored += scored;
   std::sort(search_order_.begin(), search_order_.end());
   for (const auto& [lower_bound, i] : search_order_) {
-    const PoolEntry& e = candidates_[i].entry;
-    const bool is_small = double(e.size) < small;
+    const bool is_small = partial[i].in.size < small;
     const double above = is_small                ? best_small
                          : best_.size() < keep ? std::numeric_limits<double>::infinity()
                                                  : best_.back().score;
     if (lower_bound > above) continue;
     bool stopped = false;
-    const double nc = EntryNeighborhoodCost(e, &partial[i], above, &stopped);
+    const double nc = EntryNeighborhoodCost(pool_[candidates_[i]], &partial[i], above, &stopped);
     if (stopped) continue;
     const Scored entry = record_score(i, partial[i].Final(nc));
     if (is_small) best_small = std::min(best_small, entry.score);
     else KeepIfAmongBest(entry, keep, &best_);
   }
-}
-
-void Runtime::KeepBest(size_t keep, std::vector<Scored>* scored) {
-  // (score, id, candidate): a storage drawn twice keeps its first candidate, as the pass over
-  // the candidates in ChooseVictim would take it.
-  auto before = [](const Scored& a, const Scored& b) {
-    return a.score != b.score ? a.score < b.score : a.id != b.id ? a.id < b.id : a.candidate < b.candidate;
-  };
-  auto same_storage = [](const Scored& a, const Scored& b) { return a.id == b.id; };
-  if (keep == 1 && !scored->empty()) {  // an exhaustive search's: the best alone
-    std::iter_swap(scored->begin(), std::min_element(scored->begin(), scored->end(), before));
-    scored->resize(1);
-    return;
-  }
-  if (scored->size() > keep) {
-    std::nth_element(scored->begin(), scored->begin() + (keep - 1), scored->end(), before);
-    std::sort(scored->begin(), scored->begin() + keep, before);
-    if (std::adjacent_find(scored->begin(), scored->begin() + keep, same_storage) == scored->begin() + keep) {
-      scored->resize(keep);
-      return;
-    }
-  }
-  // Few, or a storage drawn twice among the best: sort them all.
-  std::sort(scored->begin(), scored->end(), before);
-  scored->erase(std::unique(scored->begin(), scored->end(), same_storage), scored->end());
-  if (scored->size() > keep) scored->resize(keep);
 }
 
 size_t Runtime::SampleSize(size_t n) const {
@@ -443,10 +501,10 @@ bool Runtime::DrawCandidates() {
     DrawWholePool();
     return false;
   }
-  // Sized, not cleared, and filled in place: entries constructed or pushed back each cost about
-  // as much as their copy.
+  // Sized, not cleared, and filled in place. The candidates are pool indices: scoring reads the
+  // entries where they are (Note [Candidate table]).
   candidates_.resize(carried_.size() + samples);
-  Drawn* next = candidates_.data();
+  uint32_t* next = candidates_.data();
   // The best candidates of earlier searches compete again (Note [Victim search]). An entry
   // moves when another leaves the pool before it: then its record says where it went.
   for (const auto& [id, hint] : carried_) {
@@ -456,30 +514,31 @@ bool Runtime::DrawCandidates() {
       if (r == nullptr || r->pool_index == UINT32_MAX) continue;
       index = r->pool_index;
     }
-    *next++ = {pool_[index], index};
+    *next++ = index;
   }
   // Draw the whole sample and start loading its entries before reading any: the pool is in no
-  // useful memory order, and the loads then overlap instead of missing one after another.
-  drawn_indices_.resize(samples);
-  for (uint32_t& index : drawn_indices_) {
-    index = uint32_t(rng_.Below(n));
-    const char* entry = reinterpret_cast<const char*>(&pool_[index]);
-    __builtin_prefetch(entry);
-    __builtin_prefetch(entry + sizeof(PoolEntry) - 1);
+  // useful memory order, and the loads then overlap instead of missing one after another. An
+  // entry is aligned within one cache line (records.h), so one load each.
+  const PoolEntry* const pool = pool_.data();
+  for (size_t k = 0; k < samples; ++k) {
+    const uint32_t index = uint32_t(rng_.Below(n));
+    __builtin_prefetch(&pool[index]);
+    *next++ = index;
   }
-  // Then start loading the records that scoring will read: those with a neighborhood to walk.
-  for (const uint32_t index : drawn_indices_) {
-    const PoolEntry& e = pool_[index];
-    *next++ = {e, index};
-    if ((e.flags & PoolEntry::kNeighborEvicted) && !EntryCostReusable(e)) storages_.Prefetch(e.id);
-  }
+  // Then start loading the records that scoring will read, those with an evicted neighbor: here
+  // for the union-find's costs, each of which reads its record (Note [Prefetched neighborhoods]);
+  // dtr's and msps's first pass loads only those of candidates a walk may still need
+  // (ScoreCandidates).
+  if (neighborhood_ == NeighborhoodKind::kUnionFind)
+    for (const uint32_t* index = next - samples; index != next; ++index)
+      if (pool[*index].flags & PoolEntry::kNeighborEvicted) storages_.Prefetch(pool[*index].id);
   candidates_.resize(size_t(next - candidates_.data()));  // less the carried that left the pool
   return true;
 }
 
 void Runtime::DrawWholePool() {
   candidates_.resize(pool_.size());
-  for (uint32_t i = 0; i < pool_.size(); ++i) candidates_[i] = {pool_[i], i};
+  std::iota(candidates_.begin(), candidates_.end(), uint32_t{0});
 }
 
 bool Runtime::ChooseVictim(StorageId* victim, double* score) {
@@ -492,7 +551,7 @@ bool Runtime::ChooseVictim(StorageId* victim, double* score) {
   StorageId best_id, best_small_id, best_unread_id, best_awaited_id;
   // Takes candidates_[i] with its score from ScoreCandidates.
   auto consider = [&](size_t i) {
-    const PoolEntry& e = candidates_[i].entry;
+    const PoolEntry& e = pool_[candidates_[i]];
     const StorageId id = e.id;
     const uint64_t size = e.size;
     if (e.flags & PoolEntry::kLocked) return;
@@ -642,12 +701,24 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
     DrawWholePool();
   }
   std::vector<Scored>& ranked = scored_;
+  bool sorted = false;  // ranked is in order, each storage once
   auto rank = [&] {
-    ScoreCandidates(sampled ? std::max(max_count, kCarriedCandidates + 1) : max_count, /*small=*/0);
+    const size_t keep = sampled ? std::max(max_count, kCarriedCandidates + 1) : max_count;
+    ScoreCandidates(keep, /*small=*/0);
     ranked.clear();
+    // A sample's ranking is ScoreCandidates' kept list: its keep best distinct (score, id) pairs,
+    // in order, are the head of what the pass below would sort, and max_count <= keep of them
+    // are returned (last resorts are neither scored nor offered by a sample; under kRandom a
+    // storage drawn twice has two scores, so it takes the pass).
+    if (sampled && keep <= kMaxKeptForCutting && config_.heuristic != HeuristicKind::kRandom) {
+      ranked.assign(best_.begin(), best_.end());
+      sorted = true;
+      return !ranked.empty();
+    }
+    sorted = false;
     bool any_scored = false;
     for (size_t i = 0; i < candidates_.size(); ++i) {
-      const PoolEntry& e = candidates_[i].entry;
+      const PoolEntry& e = pool_[candidates_[i]];
       if (e.flags & PoolEntry::kLocked) continue;
       // Note [Results awaiting their reader]: ranked after every other candidate, so only a
       // ranking of the whole pool offers them (a sample's finite few would not come first);
@@ -661,7 +732,7 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
         if (score == kUnscored) continue;  // Note [Bounded victim search]: not among the best
         any_scored = true;
       }
-      ranked.push_back({score, e.id, candidates_[i].pool_index});
+      ranked.push_back({score, e.id, candidates_[i]});
     }
     return any_scored;
   };
@@ -671,9 +742,12 @@ std::vector<Runtime::Candidate> Runtime::RankedCandidates(size_t max_count) {
     rank();
   }
   // Ties rank by id; a sample may draw a storage twice: equal entries are adjacent after the sort.
-  std::sort(ranked.begin(), ranked.end());
-  ranked.erase(std::unique(ranked.begin(), ranked.end(), [](const Scored& a, const Scored& b) { return a.id == b.id; }),
-               ranked.end());
+  if (!sorted) {
+    std::sort(ranked.begin(), ranked.end());
+    ranked.erase(
+        std::unique(ranked.begin(), ranked.end(), [](const Scored& a, const Scored& b) { return a.id == b.id; }),
+        ranked.end());
+  }
   if (!sampled)  // Note [Lazy input locks]: awaited inputs last
     std::stable_partition(ranked.begin(), ranked.end(),
                           [&](const Scored& c) { return !(pool_[c.pool_index].flags & PoolEntry::kAwaited); });

@@ -47,14 +47,10 @@ bool Runtime::Reusable(uint64_t walked_at) const {
 }
 
 // What NeighborhoodCost(e.id, ...) returns, without reading the record when the pool entry shows
-// nothing to walk or a walk to reuse (Note [Candidate table]).
+// nothing to walk (Note [Candidate table]).
 double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bound, double above, bool* stopped) {
   if (stopped != nullptr) *stopped = false;
   if (neighborhood_ == NeighborhoodKind::kNone || !(e.flags & PoolEntry::kNeighborEvicted)) return 0;
-  if (EntryCostReusable(e)) {
-    ++stats_.neighborhood_cache_hits;
-    return e.neighborhood_cost;
-  }
   return NeighborhoodCost(e.id, bound, above, stopped);
 }
 

@@ -117,9 +117,9 @@ struct StorageRecord {
 };
 
 // Note [Candidate table] (eviction_search.cc): what a victim search reads of an evictable
-// storage, mirrored from its record into the pool so that scoring a candidate reads 48
-// contiguous bytes instead of its record.
-struct PoolEntry {
+// storage, mirrored from its record into the pool so that scoring a candidate reads one
+// aligned 32-byte entry, half a cache line, instead of its record.
+struct alignas(32) PoolEntry {
   enum Flag : uint8_t {
     kLocked = 1,           // locks > 0: skipped
     kAwaitsReader = 2,     // Note [Results awaiting their reader]: skipped, a last resort
@@ -134,11 +134,8 @@ struct PoolEntry {
   double last_access = 0;
   uint64_t size : 56;
   uint64_t flags : 8;
-  // Note [Neighborhood cost cache] (neighborhoods.cc), valid while kNeighborEvicted is set.
-  uint64_t neighborhood_walked_at = StorageRecord::kNotCached;
-  double neighborhood_cost = 0;
 };
-static_assert(sizeof(PoolEntry) == 48, "what a search reads, within two cache lines");
+static_assert(sizeof(PoolEntry) == 32, "what a search reads of a candidate: within one cache line");
 
 struct OpRecord {
   absl::string_view name;  // interned by the runtime (Runtime::InternName): lives as long as it

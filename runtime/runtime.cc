@@ -470,13 +470,10 @@ absl::Status Runtime::CheckInvariants() const {
         PoolEntry want;
         FillPoolEntry(r, &want);
         if (have.cost != want.cost || have.last_access != want.last_access || have.size != r.size ||
-            have.flags != want.flags || have.neighborhood_walked_at != want.neighborhood_walked_at ||
-            have.neighborhood_cost != want.neighborhood_cost)
+            have.flags != want.flags)
           status = fail(IdString(id), " pool entry is stale: cost ", have.cost, "/", want.cost, " last access ",
                         have.last_access, "/", want.last_access, " size ", uint64_t(have.size), "/", r.size,
-                        " flags ", int(have.flags), "/", int(want.flags), " neighborhood walked at ",
-                        have.neighborhood_walked_at, "/", want.neighborhood_walked_at, " cost ",
-                        have.neighborhood_cost, "/", want.neighborhood_cost);
+                        " flags ", int(have.flags), "/", int(want.flags));
       }
     } else if (r.pool_index != UINT32_MAX) {
       status = fail(IdString(id), " in the pool but not evictable");

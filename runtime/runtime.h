@@ -242,8 +242,6 @@ class Runtime {
     e->cost = r.cost;
     e->last_access = r.last_access;
     e->size = r.size;
-    e->neighborhood_walked_at = r.neighborhood_walked_at;
-    e->neighborhood_cost = r.neighborhood_cost;
     e->flags = (r.locks > 0 ? PoolEntry::kLocked : 0) | (AwaitsReader(r) ? PoolEntry::kAwaitsReader : 0) |
                (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
                (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
@@ -276,7 +274,8 @@ class Runtime {
   };
   // From the candidate's pool entry; reads its record only for a damping factor (Note
   // [Candidate table]).
-  PartialScore StartScore(const PoolEntry& e);
+  PartialScore StartScore(const PoolEntry& e, HeuristicKind kind, double now);
+  double EntryDamping(const PoolEntry& e);
   // The thrash and rebuild factors, from the record (Note [Thrashing], Note [Rebuilt segments]).
   double Damping(StorageId id, bool thrash, bool rebuilt);
   // The neighborhood cost of `id` per neighborhood_. Given `bound`, a walk stops as soon as
@@ -301,11 +300,6 @@ class Runtime {
   // sets its walk was beside are as they were.
   bool CachedCostValid(const StorageRecord& r) const;
   bool RecordCachedRegions(StorageId id);  // records those sets (false: too many to cache)
-  // A pool entry's cached cost that needs no look at its record (Note [Candidate table]): the
-  // event-count cache's; the exact cache checks the sets in the record.
-  bool EntryCostReusable(const PoolEntry& e) const {
-    return NeighborhoodWalks() && !ExactNeighborhoodCache() && Reusable(e.neighborhood_walked_at);
-  }
   void ForgetNeighborhoodCost(StorageRecord& r) {
     if (r.neighborhood_walked_at == StorageRecord::kNotCached) return;
     r.neighborhood_walked_at = StorageRecord::kNotCached;
@@ -392,12 +386,6 @@ class Runtime {
   uint64_t reported_scratch_ = 0;  // ReportScratch during the op being executed
   uint64_t op_counter_ = 0;  // ops computed or replayed: the thrash-decay clock
   static constexpr size_t kCarriedCandidates = 16;
-  // A candidate of one search: a copy of its pool entry, and where it was (a hint: the pool
-  // moves entries when others leave it).
-  struct Drawn {
-    PoolEntry entry;
-    uint32_t pool_index;
-  };
   // A search's scored candidate; ordered by (score, id) as in Note [Bounded victim search].
   struct Scored {
     double score;
@@ -413,13 +401,10 @@ class Runtime {
     InsertAmongBest(entry, keep, best);
   }
   static void InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best);
-  // Leaves in *scored its keep best distinct (score, id) pairs, sorted.
-  static void KeepBest(size_t keep, std::vector<Scored>* scored);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
   std::vector<Scored> scored_;                         // scratch for one ranking
   std::vector<Scored> best_;                           // ScoreCandidates' best, for one search
-  std::vector<Drawn> candidates_;                      // scratch for one search
-  std::vector<uint32_t> drawn_indices_;                // scratch for one search: the sample
+  std::vector<uint32_t> candidates_;                   // scratch for one search: pool indices
   std::vector<double> candidate_scores_;               // scratch for one search
   std::vector<PartialScore> partial_scores_;           // scratch for one search
   std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search
