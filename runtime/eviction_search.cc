@@ -680,7 +680,8 @@ absl::Status Runtime::SetBudget(uint64_t budget_bytes) {
 // The allocators evict from a ranked list (hooks/engine.cc, MakeRoomOn) rather than one victim at
 // a time, so they can prefer a victim whose block fits. The list is drawn like a victim search
 // (Note [Victim search]): in sampled mode the carried runners-up and a sample are scored, the
-// best max_count of them returned and the best kCarriedCandidates carried on. The whole pool is
+// best max_count of them returned and the best kCarriedCandidates carried on (since stop 48 read
+// from the search's kept list, Note [A decision in a few thousand instructions]). The whole pool is
 // ranked when max_count is more than a sample can hold (a caller looking further down) or when
 // the sample holds nothing but locked storages and results awaiting their reader.
 // Ranking the whole pool every time, as this did before, cost the real runs more per decision
