@@ -296,11 +296,8 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
     --evicted_count_;
     r.state = StorageState::kResident;
     ++residency_changes_;  // Note [Neighborhood cost cache]: and the neighbors' costs just fell
-    ForEachNeighbor(o, [&](StorageId n) {
-      StorageRecord& nr = rec(n);
-      nr.neighborhood_walked_at = StorageRecord::kNotCached;
-      RefreshPoolEntry(nr);
-    });
+    // (The pool entries do not mirror the cache since stop 48, Note [Candidate table].)
+    ForEachNeighbor(o, [&](StorageId n) { rec(n).neighborhood_walked_at = StorageRecord::kNotCached; });
     memory_ += r.size;
     if (o != id) {
       if (absl::Status s = FinishRemat(o); !s.ok()) return s;

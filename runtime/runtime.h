@@ -300,11 +300,7 @@ class Runtime {
   // sets its walk was beside are as they were.
   bool CachedCostValid(const StorageRecord& r) const;
   bool RecordCachedRegions(StorageId id);  // records those sets (false: too many to cache)
-  void ForgetNeighborhoodCost(StorageRecord& r) {
-    if (r.neighborhood_walked_at == StorageRecord::kNotCached) return;
-    r.neighborhood_walked_at = StorageRecord::kNotCached;
-    RefreshPoolEntry(r);
-  }
+  void ForgetNeighborhoodCost(StorageRecord& r) { r.neighborhood_walked_at = StorageRecord::kNotCached; }
   // dtr's exact e* and msps's evicted ancestors: neighborhood costs that are graph walks (Note
   // [Bounded neighborhood walks]), which only they cut and cache.
   bool NeighborhoodWalks() const {
