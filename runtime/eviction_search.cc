@@ -175,7 +175,7 @@ inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e, HeuristicKi
   PartialScore p;
   p.kind = kind;
   p.in.cost = e.cost;
-  p.in.size = double(e.size);
+  p.in.size = double(int64_t(e.size));  // below 2^56: exact, and one instruction where unsigned takes several
   p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
   if (kind == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
   if (e.flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
@@ -433,12 +433,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
       scores[i] = kUnscored;  // until scored
       if (flags & kSkippedFlags) continue;
       ++scored;
-      PartialScore p;
-      p.kind = kind;
-      p.in.cost = e.cost;
-      p.in.size = double(int64_t(e.size));  // below 2^56: exact, and one instruction where unsigned takes several
-      p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
-      if (flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
+      const PartialScore p = StartScore(e, kind, now);
       const double bound = p.FinalInline(0);
       if (flags & PoolEntry::kNeighborEvicted) {
         // What a walk must beat only falls as candidates are kept, so one whose bound is already
@@ -458,10 +453,7 @@ void Runtime::ScoreCandidates(size_t keep, double small) {
       }
       // KeepIfAmongBest's test, !(entry < last), on the local copy and before the pair is made.
       if (full && !(bound < last.score) && (bound != last.score || !(e.id < last.id))) continue;
-      const Scored entry{bound, e.id, drawn[i], uint32_t(i)};
-      // The carried runners-up come first, in their order: most join the list at its end.
-      if (!full && (best_.empty() || (best_.back() < entry && best_.back().id != entry.id))) best_.push_back(entry);
-      else InsertAmongBest(entry, keep, &best_);
+      KeepIfAmongBest({bound, e.id, drawn[i], uint32_t(i)}, keep, &best_);
       full = best_.size() == keep;
       if (full) last = best_.back();
     }

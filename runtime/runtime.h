@@ -394,7 +394,11 @@ class Runtime {
   // Once the list is full most offers are turned away, so that test is inline.
   static void KeepIfAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best) {
     if (best->size() == keep && !(entry < best->back())) return;
-    InsertAmongBest(entry, keep, best);
+    // Most kept pairs come in order (a search's carried runners-up first): they join at the end.
+    if (best->size() < keep && (best->empty() || (best->back() < entry && best->back().id != entry.id)))
+      best->push_back(entry);
+    else
+      InsertAmongBest(entry, keep, best);
   }
   static void InsertAmongBest(const Scored& entry, size_t keep, std::vector<Scored>* best);
   std::vector<std::pair<StorageId, uint32_t>> carried_;  // Note [Victim search]: id, pool index hint
