@@ -89,6 +89,10 @@ struct RuntimeConfig {
   // recipe holds an op of a backward pass are multiplied by this, so the search evicts
   // activations scoring up to this many times worse first. 1: no protection.
   double backward_protection = 10;
+  // Note [Inputs a rematerialization will read] (remat.cc): while a rematerialization is under
+  // way, the scores of the storages that ops it has still to replay read are multiplied by this.
+  // 1 (the default): no protection, and nothing is listed; dtr-sim --pending-protection.
+  double pending_protection = 1;
   // Note [Lazy input locks] (remat.cc): how an op, run or replayed, holds the inputs it waits
   // for while the missing ones are brought back. kEager locks every input before any is brought
   // back (the behaviour until stop 38); kLazy locks one once it is back, or when the op runs,

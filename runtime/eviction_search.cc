@@ -166,7 +166,8 @@ void Runtime::SyncPool(StorageId id) {
 // ---- Victim search --------------------------------------------------------------------------
 
 // The flags whose factors need EntryDamping; an entry with none has a damping of 1.
-static constexpr uint64_t kDampingFlags = PoolEntry::kRemats | PoolEntry::kRebuilt | PoolEntry::kBackward;
+static constexpr uint64_t kDampingFlags =
+    PoolEntry::kRemats | PoolEntry::kRebuilt | PoolEntry::kBackward | PoolEntry::kPending;
 
 // Inline in the searches below: every candidate of every search starts here. The caller counts
 // it in stats_.candidates_scored and passes what it reads of the runtime (the heuristic, the
@@ -183,13 +184,15 @@ inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e, HeuristicKi
 }
 
 // The factors a few entries carry (Note [Thrashing], Note [Rebuilt segments], Note [Results of the
-// backward pass]); out of line, so the pass over the candidates stays short.
+// backward pass], Note [Inputs a rematerialization will read]); out of line, so the pass over the
+// candidates stays short.
 double Runtime::EntryDamping(const PoolEntry& e) {
   double damping = 1;
   const bool thrash = config_.thrash_damping > 0 && (e.flags & PoolEntry::kRemats);
   const bool rebuilt = rebuilds_underway_ > 0 && (e.flags & PoolEntry::kRebuilt);
   if (thrash || rebuilt) damping = Damping(e.id, thrash, rebuilt);  // else the entry is all there is to read
   if (e.flags & PoolEntry::kBackward) damping *= config_.backward_protection;  // Note [Results of the backward pass]
+  if (e.flags & PoolEntry::kPending) damping *= config_.pending_protection;  // Note [Inputs a rematerialization will read]
   return damping;
 }
 

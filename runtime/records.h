@@ -66,6 +66,9 @@ struct StorageRecord {
   // Note [Rebuilt segments] (remat.cc): the rematerialization that last brought it back (read
   // while one is under way).
   uint64_t rebuild_epoch = 0;
+  // Note [Inputs a rematerialization will read] (remat.cc): ops of the rematerializations under
+  // way, not yet replayed, that read it.
+  uint32_t pending_reads = 0;
   // Ops that read this storage and that some live storage's recipe still contains.
   absl::InlinedVector<OpId, 4> readers;
   StorageState state = StorageState::kResident;
@@ -128,6 +131,7 @@ struct alignas(32) PoolEntry {
     kRebuilt = 16,         // rebuild_epoch > 0: Note [Rebuilt segments]' factor may apply
     kAwaited = 32,         // waits > 0: Note [Lazy input locks]: skipped, a last resort
     kBackward = 64,        // backward_recipe: Note [Results of the backward pass]
+    kPending = 128,        // pending_reads > 0: Note [Inputs a rematerialization will read]
   };
   StorageId id;
   double cost = 0;

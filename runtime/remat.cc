@@ -102,6 +102,34 @@ namespace dtr {
 // 2.33x -> out of memory in most runs. 10 kept UNet's 0.3 and gained less elsewhere; 100 gained
 // more on the LSTM (1.25x at 0.5) and cost more on ResNet and DenseNet (1.96x and 1.55x at 0.4).
 
+// Note [Inputs a rematerialization will read]
+// A rematerialization replays what it lists: the target's recipe and, recursively, the recipes
+// of the evicted storages those ops read. Rebuilt on demand (Note [Rematerialization]), a storage
+// one op needs is brought back, read, and unlocked, and when memory is short the search could
+// take it before a later op of the same rebuild reads it: that op then brings it back again, and
+// everything behind it. In a tree (the TreeLSTM) a node's c is read by its h and again by its
+// parent's c, so each level could double the work: at r = 0.15 of its activations one
+// rematerialization early in the backward pass replayed 4,006 ops to rebuild 527 storages, the
+// forward pass of the whole tree 7.6 times over (runtime/README.md, stop 49). So Materialize lists,
+// before it replays anything, the ops it expects to replay, and counts on each storage they read
+// (resident or not) how many of them have not run yet (StorageRecord::pending_reads, mirrored as
+// PoolEntry::kPending). The search multiplies such a storage's score by pending_protection
+// (1000 below): it takes first what no op of the rebuild still needs, and a pending input
+// only when everything else scores that many times worse, so a rebuild that does not fit is not
+// made to fail. A replay of a listed op releases its reads; what is left is released when
+// Materialize returns, done or unwound. The list is what a rebuild from the current residency
+// would replay; an input evicted during the rebuild is rebuilt as before, without a list of its
+// own, and Materialize calls that nest each list their own.
+// It is off (pending_protection 1) until it is understood why it made a real program run out of
+// memory: on bench/activation_budgets.py's traces (3 a model x seeds 1-3, stop 49) 1000 took the
+// TreeLSTM at r = 0.15 from 10.86x to 7.36x (30: 9.05x), trained it at 0.125 (11.5x; out of
+// memory before), the LSTM at 0.15 4.14x -> 3.99x, and moved every other cell by at most 0.06x
+// (the LSTM at 0.2 2.84x -> 2.90x); but tests/python/test_activation.py's
+// test_disable_and_enable_again, whose 2,000,000-byte budget leaves about 700 KiB beside its
+// constants and exposed tensors, ran out of memory in its backward pass with 30 or 1000: the
+// victims of its first phase came in another order, and at the end a result awaiting its reader
+// (a 256 KiB weight gradient) had to go. dtr-sim --pending-protection K turns it on.
+
 // Note [Recomputation limit]
 // Below the smallest budget a program can train at, dtr does not always run out of memory: it
 // may keep finding something to evict, and recompute it, for ever longer (a TreeLSTM trained at
@@ -165,6 +193,18 @@ absl::Status Runtime::Materialize(StorageId target) {
     ~RebuildUnderway() { --rt_->rebuilds_underway_; }
     Runtime* rt_;
   } underway(this);
+  // Note [Inputs a rematerialization will read]: off by default, and then nothing is listed.
+  PendingReplays pending;
+  if (config_.pending_protection != 1) ListPendingReplays(target, &pending);
+  pending_replays_.push_back(&pending);
+  struct PendingUnderway {
+    ~PendingUnderway() {
+      for (PendingReplays::Op& op : pending->ops) rt->ReleasePendingReads(op);
+      rt->pending_replays_.pop_back();
+    }
+    Runtime* rt;
+    PendingReplays* pending;
+  } pending_underway{this, &pending};
   const bool lazy = config_.input_locking == InputLocking::kLazy;
   // One frame per storage being brought back; `stage` is the recipe op being replayed.
   struct Frame {
@@ -273,6 +313,44 @@ absl::Status Runtime::Materialize(StorageId target) {
   return absl::OkStatus();
 }
 
+void Runtime::ListPendingReplays(StorageId target, PendingReplays* pending) {
+  // Each evicted storage behind the target is visited once: the walk's epoch marks it.
+  const uint32_t epoch = NextWalkEpoch();
+  rec(target).walk_epoch = epoch;
+  absl::InlinedVector<StorageId, 16> todo = {target};
+  while (!todo.empty()) {
+    const StorageId s = todo.back();
+    todo.pop_back();
+    for (OpId op_id : rec(s).recipe) {
+      if (!pending->index.try_emplace(op_id, uint32_t(pending->ops.size())).second) continue;
+      PendingReplays::Op& op = pending->ops.emplace_back();
+      op.id = op_id;
+      for (StorageId in : ops_[op_id].inputs) {
+        if (in == s) continue;  // an in-place op of s's recipe: s is its frame's own (Materialize)
+        StorageRecord& r = rec(in);
+        op.reads.push_back(in);
+        if (r.pending_reads++ == 0) RefreshPoolEntry(r);
+        if (!r.resident() && r.rematerializable() && r.walk_epoch != epoch) {
+          r.walk_epoch = epoch;
+          todo.push_back(in);
+        }
+      }
+    }
+  }
+}
+
+void Runtime::ReleasePendingReads(PendingReplays::Op& op) {
+  if (op.replayed) return;
+  op.replayed = true;
+  for (StorageId in : op.reads)
+    if (StorageRecord* r = storages_.Find(in); r != nullptr && --r->pending_reads == 0) RefreshPoolEntry(*r);
+}
+
+void Runtime::NotePendingReplayed(OpId id) {
+  for (PendingReplays* pending : pending_replays_)
+    if (auto it = pending->index.find(id); it != pending->index.end()) ReleasePendingReads(pending->ops[it->second]);
+}
+
 absl::Status Runtime::ReplayFirstOp(StorageId id) {
   OpId first = rec(id).recipe[0];
   const OpRecord& op = ops_[first];
@@ -320,6 +398,7 @@ absl::Status Runtime::RunReplay(OpId id, const OpRecord& op, uint64_t output_byt
   UpdatePeak(bytes);
   absl::StatusOr<double> cost = backend_->Replay(id, op, keep);
   if (!cost.ok()) return cost.status();
+  NotePendingReplayed(id);  // Note [Inputs a rematerialization will read]
   ++stats_.replays;
   stats_.remat_cost += *cost;
   window_overhead_cost_ += *cost;

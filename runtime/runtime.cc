@@ -435,6 +435,8 @@ absl::Status Runtime::CheckInvariants() const {
     if (!status.ok()) return;
     if (r.locks != 0) status = fail(IdString(id), " holds ", r.locks, " locks between operations");
     if (r.waits != 0) status = fail(IdString(id), " is awaited by ", r.waits, " ops between operations");
+    if (r.pending_reads != 0)  // Note [Inputs a rematerialization will read]
+      status = fail(IdString(id), " is read by ", r.pending_reads, " pending replays between operations");
     if (r.state == StorageState::kBanished) status = fail(IdString(id), " is banished but still recorded");
     if (r.resident()) {
       resident_sum += r.size;

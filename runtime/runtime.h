@@ -21,6 +21,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/container/node_hash_set.h"
 #include "absl/functional/function_ref.h"
@@ -245,7 +246,8 @@ class Runtime {
     e->flags = (r.locks > 0 ? PoolEntry::kLocked : 0) | (AwaitsReader(r) ? PoolEntry::kAwaitsReader : 0) |
                (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
                (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
-               (r.waits > 0 ? PoolEntry::kAwaited : 0) | (r.backward_recipe ? PoolEntry::kBackward : 0);
+               (r.waits > 0 ? PoolEntry::kAwaited : 0) | (r.backward_recipe ? PoolEntry::kBackward : 0) |
+               (r.pending_reads > 0 ? PoolEntry::kPending : 0);
   }
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
@@ -374,6 +376,21 @@ class Runtime {
   // nest: the outermost one numbers them), and how deep.
   uint64_t rebuild_epoch_ = 0;
   uint32_t rebuilds_underway_ = 0;
+  // Note [Inputs a rematerialization will read] (remat.cc): the ops each Materialize under way
+  // expects to replay (innermost last), and the storages each reads.
+  struct PendingReplays {
+    struct Op {
+      OpId id;
+      absl::InlinedVector<StorageId, 4> reads;
+      bool replayed = false;
+    };
+    std::vector<Op> ops;
+    absl::flat_hash_map<OpId, uint32_t> index;  // into ops
+  };
+  std::vector<PendingReplays*> pending_replays_;
+  void ListPendingReplays(StorageId target, PendingReplays* pending);
+  void ReleasePendingReads(PendingReplays::Op& op);
+  void NotePendingReplayed(OpId id);
   // Note [Recomputation limit] (remat.cc): decayed sums over the recent ops.
   double window_base_cost_ = 0, window_overhead_cost_ = 0;  // the program's ops; replays and searches
   double window_decay_ = 1;  // per recorded op: 2^(-1 / recompute_half_life_ops)

@@ -21,7 +21,8 @@ constexpr const char* kUsage = R"(usage:
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--exhaustive-pool N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
-          [--rebuild-protection K] [--backward-protection K] [--input-locks lazy|eager] [--check]
+          [--rebuild-protection K] [--backward-protection K] [--pending-protection K]
+          [--input-locks lazy|eager] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -41,6 +42,9 @@ has brought back (default 30; 1: none; Note [Rebuilt segments]).
 --backward-protection K multiplies by K the scores of the storages computed or written by ops the
 trace marks pass=backward, a backward pass's (default 10; 1: none; Note [Results of the backward
 pass]).
+--pending-protection K multiplies by K the scores of the storages that ops a rematerialization
+under way has still to replay read (default 1: none, the live runtime's; Note [Inputs a
+rematerialization will read]).
 --exhaustive-pool N scores the whole pool while it holds at most N entries, sampled search or
 not (default 256; 0: always sample; Note [Small pools are searched whole]).
 --input-locks eager locks every input of an op before bringing any back (the rule until stop 38);
@@ -134,6 +138,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--backward-protection") {
       if (!absl::SimpleAtod(v, &options.runtime.backward_protection))
         return Fail(absl::StrCat("--backward-protection: not a number '", v, "'"));
+    } else if (arg == "--pending-protection") {
+      if (!absl::SimpleAtod(v, &options.runtime.pending_protection))
+        return Fail(absl::StrCat("--pending-protection: not a number '", v, "'"));
     } else if (arg == "--walk-limit") {
       if (!absl::SimpleAtoi(v, &options.runtime.neighborhood_walk_limit))
         return Fail(absl::StrCat("--walk-limit: not a number '", v, "'"));

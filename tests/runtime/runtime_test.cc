@@ -1329,6 +1329,46 @@ TEST_F(RuntimeTest, WhatARematerializationRebuiltIsTakenLastUntilItEnds) {
   }
 }
 
+// Note [Inputs a rematerialization will read]: bringing t back replays p, then q's inputs y and
+// s, then q and t. Making room for y, the search would evict l, stalest of all and not awaited by
+// any frame yet, though s, replayed next, reads it: without protection l is evicted and replayed
+// again; with it a fresh g goes instead, and each op replays once.
+TEST_F(RuntimeTest, WhatARematerializationWillStillReadIsTakenLast) {
+  for (double protection : {1.0, 1000.0}) {
+    RuntimeConfig config;
+    config.budget_bytes = 1 + 6 * 100;  // the whole graph, until it is evicted
+    config.heuristic = HeuristicKind::kDtr;
+    config.search = SearchMode::kExact;
+    config.pending_protection = protection;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId l = Op1("l", {x}, 100);
+    StorageId p = Op1("p", {l}, 100);
+    StorageId y = Op1("y", {x}, 100);
+    StorageId s = Op1("s", {l}, 100);
+    StorageId q = Op1("q", {y, s}, 100);
+    StorageId t = Op1("t", {p, q}, 100);
+    for (StorageId e : {t, q, s, y, p}) ASSERT_TRUE(rt_->Evict(e).ok());
+    ASSERT_TRUE(rt_->SetBudget(1 + 4 * 100).ok());
+    for (int i = 0; i < 20; ++i) (void)Op1("filler", {x}, 0);  // l grows stale
+    std::vector<StorageId> g;
+    for (int i = 0; i < 3; ++i) g.push_back(Op1("g", {x}, 100));
+    for (StorageId e : g) (void)Op1("reader", {e}, 0);  // not results awaiting their reader
+    backend_.replays.clear();
+    ASSERT_TRUE(rt_->Access(t, 0).ok());
+    Check();
+    if (protection == 1) {
+      EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "l", "s", "q", "t"}))
+          << "without protection the rebuild evicts an input it reads later";
+    } else {
+      EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "s", "q", "t"}))
+          << "an input a pending replay reads is taken last";
+    }
+    EXPECT_TRUE(Resident(t));
+    EXPECT_EQ(std::count_if(g.begin(), g.end(), [&](StorageId e) { return Resident(e); }), 0);
+  }
+}
+
 // Note [Results of the backward pass]: of two storages alike but for when they were last used,
 // the search takes the staler, unless a backward pass computed it: then its score is multiplied
 // by backward_protection and the fresher one goes first. An in-place op of a backward pass marks
