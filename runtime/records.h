@@ -60,15 +60,15 @@ struct StorageRecord {
   // input locks], remat.cc): it is then a victim of last resort
   uint32_t waits = 0;
   uint32_t external_refs = 0;
+  // Note [Inputs a rematerialization will read] (remat.cc): ops of the rematerializations under
+  // way, not yet replayed, that read it (mirrored as PoolEntry::kPending; here it fills padding).
+  uint32_t pending_reads = 0;
   // Note [Thrashing]
   double recent_remats = 0;
   uint64_t last_remat_op = 0;
   // Note [Rebuilt segments] (remat.cc): the rematerialization that last brought it back (read
   // while one is under way).
   uint64_t rebuild_epoch = 0;
-  // Note [Inputs a rematerialization will read] (remat.cc): ops of the rematerializations under
-  // way, not yet replayed, that read it.
-  uint32_t pending_reads = 0;
   // Ops that read this storage and that some live storage's recipe still contains.
   absl::InlinedVector<OpId, 4> readers;
   StorageState state = StorageState::kResident;
@@ -98,7 +98,8 @@ struct StorageRecord {
   // rematerializable storages behind this one when it was recorded.
   uint32_t replay_depth = 0;
   // The last neighborhood walk, or walk of a mutated storage's readers (Note [Mutation]), that
-  // visited it (Runtime::NextWalkEpoch): a visited mark without a hash set per walk.
+  // visited it, or that listed it as a rematerialization's input (Note [Inputs a rematerialization
+  // will read]) (Runtime::NextWalkEpoch): a visited mark without a hash set per walk.
   uint32_t walk_epoch = 0;
   ConstantReason constant_reason = ConstantReason::kNone;  // Note [Constants by reason]
   // Note [Neighborhood cost cache] (neighborhoods.cc): the last full walk's cost, and the

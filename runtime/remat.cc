@@ -110,7 +110,7 @@ namespace dtr {
 // everything behind it. In a tree (the TreeLSTM) a node's c is read by its h and again by its
 // parent's c, so each level could double the work: at r = 0.15 of its activations one
 // rematerialization early in the backward pass replayed 4,006 ops to rebuild 527 storages, the
-// forward pass of the whole tree 7.6 times over (runtime/README.md, stop 49). So Materialize lists,
+// forward pass of the whole tree 7.6 times over (bench/results/activations.md, stop 49). So Materialize lists,
 // before it replays anything, the ops it expects to replay, and counts on each storage they read
 // (resident or not) how many of them have not run yet (StorageRecord::pending_reads, mirrored as
 // PoolEntry::kPending). The search multiplies such a storage's score by pending_protection
@@ -119,16 +119,18 @@ namespace dtr {
 // made to fail. A replay of a listed op releases its reads; what is left is released when
 // Materialize returns, done or unwound. The list is what a rebuild from the current residency
 // would replay; an input evicted during the rebuild is rebuilt as before, without a list of its
-// own, and Materialize calls that nest each list their own.
-// It is off (pending_protection 1) until it is understood why it made a real program run out of
-// memory: on bench/activation_budgets.py's traces (3 a model x seeds 1-3, stop 49) 1000 took the
-// TreeLSTM at r = 0.15 from 10.86x to 7.36x (30: 9.05x), trained it at 0.125 (11.5x; out of
-// memory before), the LSTM at 0.15 4.14x -> 3.99x, and moved every other cell by at most 0.06x
-// (the LSTM at 0.2 2.84x -> 2.90x); but tests/python/test_activation.py's
-// test_disable_and_enable_again, whose 2,000,000-byte budget leaves about 700 KiB beside its
-// constants and exposed tensors, ran out of memory in its backward pass with 30 or 1000: the
-// victims of its first phase came in another order, and at the end a result awaiting its reader
-// (a 256 KiB weight gradient) had to go. dtr-sim --pending-protection K turns it on.
+// own, and Materialize calls that nest each list their own. An op listed once is released at its
+// first replay, so an op replayed twice (a multi-output op whose sibling, written in place since,
+// is brought back on its own) has its reads unprotected the second time.
+// It is off (pending_protection 1). On bench/activation_budgets.py's traces (3 a model x seeds
+// 1-3, stop 49) 1000 took the TreeLSTM at r = 0.15 from 10.86x to 7.36x (30: 9.05x), trained it
+// at 0.125 (11.5x; out of memory before), and moved every other cell by at most 0.06x; but real
+// TreeLSTM runs gained less (rematerializations a step 3-13% fewer near the cliff, which stays),
+// and tests/python/test_activation.py's test_disable_and_enable_again, whose 2,000,000-byte
+// budget is within 3% of where it fails either way, ran out of memory with it (a library built
+// with 30 or 1000 as the default; the torch layer has no setting for it): its victims came in
+// another order, and a 256 KiB weight gradient awaiting its reader had to go and did not fit
+// back. dtr-sim --pending-protection K turns it on.
 
 // Note [Recomputation limit]
 // Below the smallest budget a program can train at, dtr does not always run out of memory: it
@@ -347,6 +349,7 @@ void Runtime::ReleasePendingReads(PendingReplays::Op& op) {
 }
 
 void Runtime::NotePendingReplayed(OpId id) {
+  if (config_.pending_protection == 1) return;  // nothing was listed
   for (PendingReplays* pending : pending_replays_)
     if (auto it = pending->index.find(id); it != pending->index.end()) ReleasePendingReads(pending->ops[it->second]);
 }

@@ -357,7 +357,8 @@ class Runtime {
 
   // Note [Evicted components] (evicted_components.h); neighborhoods.cc.
   void MaybeCompactComponents();
-  // A fresh mark for one neighborhood walk's visited storages (StorageRecord::walk_epoch).
+  // A fresh mark for one walk's visited storages (StorageRecord::walk_epoch): a neighborhood walk,
+  // Note [Mutation]'s walk of readers, or a rematerialization's listing (ListPendingReplays).
   uint32_t NextWalkEpoch();
 
   RuntimeConfig config_;

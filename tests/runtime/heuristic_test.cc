@@ -64,6 +64,14 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   EXPECT_FALSE(config.Validate().ok());
   config.backward_protection = 1;  // none
   EXPECT_TRUE(config.Validate().ok());
+  // Note [Inputs a rematerialization will read]: off by default
+  EXPECT_NE(config.ToString().find("pending_protection=1 "), std::string::npos);
+  config.pending_protection = 0.5;
+  EXPECT_FALSE(config.Validate().ok());
+  config.pending_protection = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(config.Validate().ok());
+  config.pending_protection = 1000;
+  EXPECT_TRUE(config.Validate().ok());
   EXPECT_FALSE(ParseDeallocPolicy("lazy").ok());
   EXPECT_EQ(*ParseDeallocPolicy("banish"), DeallocPolicy::kBanish);
   EXPECT_EQ(*ParseSearchMode("exact"), SearchMode::kExact);

@@ -1264,17 +1264,30 @@ TEST_F(RuntimeTest, SetBudgetBelowWhatIsPinnedFailsAndKeepsTheOldBudget) {
 }
 
 TEST_F(RuntimeTest, ReplayFailureIsReportedAndStateStaysConsistent) {
-  Make(kUnlimitedBudget);
-  StorageId x = Const(1);
-  StorageId a = Op1("a", {x}, 10);
-  ASSERT_TRUE(rt_->Evict(a).ok());
-  backend_.fail_replays = true;
-  absl::Status s = rt_->Access(a);
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_FALSE(Resident(a));
-  Check();
-  backend_.fail_replays = false;
-  EXPECT_TRUE(rt_->Access(a).ok());
+  // Note [Inputs a rematerialization will read]: an unwound rematerialization releases its reads
+  // (Check: none left between operations).
+  for (double pending_protection : {1.0, 1000.0}) {
+    RuntimeConfig config;
+    config.budget_bytes = kUnlimitedBudget;
+    config.search = SearchMode::kExact;
+    config.pending_protection = pending_protection;
+    Make(config);
+    StorageId x = Const(1);
+    StorageId a = Op1("a", {x}, 10);
+    StorageId b = Op1("b", {a}, 10);
+    ASSERT_TRUE(rt_->Evict(b).ok());
+    ASSERT_TRUE(rt_->Evict(a).ok());
+    backend_.fail_replays = true;
+    absl::Status s = rt_->Access(b);
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_FALSE(Resident(a));
+    EXPECT_FALSE(Resident(b));
+    EXPECT_EQ(rt_->storage(x)->pending_reads, 0u);
+    Check();
+    backend_.fail_replays = false;
+    EXPECT_TRUE(rt_->Access(b).ok());
+    Check();
+  }
 }
 
 TEST_F(RuntimeTest, EvictAtLeastFreesLowestScoresFirst) {
@@ -1367,6 +1380,45 @@ TEST_F(RuntimeTest, WhatARematerializationWillStillReadIsTakenLast) {
     EXPECT_TRUE(Resident(t));
     EXPECT_EQ(std::count_if(g.begin(), g.end(), [&](StorageId e) { return Resident(e); }), 0);
   }
+}
+
+// Note [Inputs a rematerialization will read]: the same rematerialization, with a fresh h
+// beside the g's. Once p and s have replayed, nothing listed reads l any more: it is an ordinary
+// candidate again, and making room for q the search takes it, stalest, before h.
+TEST_F(RuntimeTest, AReadEndsWhenItsOpReplays) {
+  RuntimeConfig config;
+  config.budget_bytes = 1 + 6 * 100;
+  config.heuristic = HeuristicKind::kDtr;
+  config.search = SearchMode::kExact;
+  config.pending_protection = 1000;
+  Make(config);
+  StorageId x = Const(1);
+  StorageId l = Op1("l", {x}, 100);
+  StorageId p = Op1("p", {l}, 100);
+  StorageId y = Op1("y", {x}, 100);
+  StorageId s = Op1("s", {l}, 100);
+  StorageId q = Op1("q", {y, s}, 100);
+  StorageId t = Op1("t", {p, q}, 100);
+  for (StorageId e : {t, q, s, y, p}) ASSERT_TRUE(rt_->Evict(e).ok());
+  ASSERT_TRUE(rt_->SetBudget(1 + 5 * 100).ok());
+  for (int i = 0; i < 20; ++i) (void)Op1("filler", {x}, 0);  // l grows stale
+  std::vector<StorageId> g;
+  for (int i = 0; i < 3; ++i) g.push_back(Op1("g", {x}, 100));
+  for (StorageId e : g) (void)Op1("reader", {e}, 0);  // not results awaiting their reader
+  StorageId h = Op1("h", {x}, 100);
+  (void)Op1("reader", {h}, 0);
+  backend_.replays.clear();
+  backend_.releases.clear();
+  ASSERT_TRUE(rt_->Access(t, 0).ok());
+  Check();
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "s", "q", "t"}));
+  auto released_at = [&](StorageId id) {
+    for (size_t i = 0; i < backend_.releases.size(); ++i)
+      if (backend_.releases[i].first == id) return int(i);
+    return -1;
+  };
+  ASSERT_GE(released_at(l), 0) << "l, read by no listed op after s, is evicted";
+  if (released_at(h) >= 0) EXPECT_GT(released_at(h), released_at(l)) << "l goes before the fresh h";
 }
 
 // Note [Results of the backward pass]: of two storages alike but for when they were last used,

@@ -38,6 +38,7 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.input_locking = rng() % 2 ? InputLocking::kLazy : InputLocking::kEager;
     options.runtime.backward_protection = rng() % 2 ? 1 : 10;
+    options.runtime.pending_protection = rng() % 2 ? 1 : 1000;  // Note [Inputs a rematerialization will read]
     options.runtime.max_replay_depth = rng() % 4 ? 1000 : 3;  // Note [Bounded replay chains]: detaches
     options.runtime.seed = rng();
     double ratio = 0.2 + 0.8 * std::uniform_real_distribution<double>(0, 1)(rng);
