@@ -1342,33 +1342,48 @@ TEST_F(RuntimeTest, WhatARematerializationRebuiltIsTakenLastUntilItEnds) {
   }
 }
 
-// Note [Inputs a rematerialization will read]: bringing t back replays p, then q's inputs y and
-// s, then q and t. Making room for y, the search would evict l, stalest of all and not awaited by
-// any frame yet, though s, replayed next, reads it: without protection l is evicted and replayed
-// again; with it a fresh g goes instead, and each op replays once.
-TEST_F(RuntimeTest, WhatARematerializationWillStillReadIsTakenLast) {
-  for (double protection : {1.0, 1000.0}) {
+// Note [Inputs a rematerialization will read]: t's rematerialization replays p (reads l), then
+// q's inputs y and s (reads l), then q and t. l stays resident and grows stale; three fresh g's,
+// each read, fill the budget with `room` more storages of 100 bytes.
+struct PendingReadsGraph {
+  StorageId x, l, p, y, s, q, t;
+  std::vector<StorageId> g;
+};
+
+class PendingReadsTest : public RuntimeTest {
+ protected:
+  PendingReadsGraph Build(double protection, int room) {
     RuntimeConfig config;
     config.budget_bytes = 1 + 6 * 100;  // the whole graph, until it is evicted
     config.heuristic = HeuristicKind::kDtr;
     config.search = SearchMode::kExact;
     config.pending_protection = protection;
     Make(config);
-    StorageId x = Const(1);
-    StorageId l = Op1("l", {x}, 100);
-    StorageId p = Op1("p", {l}, 100);
-    StorageId y = Op1("y", {x}, 100);
-    StorageId s = Op1("s", {l}, 100);
-    StorageId q = Op1("q", {y, s}, 100);
-    StorageId t = Op1("t", {p, q}, 100);
-    for (StorageId e : {t, q, s, y, p}) ASSERT_TRUE(rt_->Evict(e).ok());
-    ASSERT_TRUE(rt_->SetBudget(1 + 4 * 100).ok());
-    for (int i = 0; i < 20; ++i) (void)Op1("filler", {x}, 0);  // l grows stale
-    std::vector<StorageId> g;
-    for (int i = 0; i < 3; ++i) g.push_back(Op1("g", {x}, 100));
-    for (StorageId e : g) (void)Op1("reader", {e}, 0);  // not results awaiting their reader
+    PendingReadsGraph graph;
+    graph.x = Const(1);
+    graph.l = Op1("l", {graph.x}, 100);
+    graph.p = Op1("p", {graph.l}, 100);
+    graph.y = Op1("y", {graph.x}, 100);
+    graph.s = Op1("s", {graph.l}, 100);
+    graph.q = Op1("q", {graph.y, graph.s}, 100);
+    graph.t = Op1("t", {graph.p, graph.q}, 100);
+    for (StorageId e : {graph.t, graph.q, graph.s, graph.y, graph.p}) EXPECT_TRUE(rt_->Evict(e).ok());
+    EXPECT_TRUE(rt_->SetBudget(1 + (4 + room) * 100).ok());
+    for (int i = 0; i < 20; ++i) (void)Op1("filler", {graph.x}, 0);  // l grows stale
+    for (int i = 0; i < 3; ++i) graph.g.push_back(Op1("g", {graph.x}, 100));
+    for (StorageId e : graph.g) (void)Op1("reader", {e}, 0);  // not results awaiting their reader
+    return graph;
+  }
+};
+
+// Making room for y, the search would evict l, stalest of all and not awaited by any frame yet,
+// though s, replayed next, reads it: without protection l is evicted and replayed again; with it
+// a g goes instead, and each op replays once.
+TEST_F(PendingReadsTest, WhatARematerializationWillStillReadIsTakenLast) {
+  for (double protection : {1.0, 1000.0}) {
+    PendingReadsGraph graph = Build(protection, /*room=*/0);
     backend_.replays.clear();
-    ASSERT_TRUE(rt_->Access(t, 0).ok());
+    ASSERT_TRUE(rt_->Access(graph.t, 0).ok());
     Check();
     if (protection == 1) {
       EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "l", "s", "q", "t"}))
@@ -1377,39 +1392,21 @@ TEST_F(RuntimeTest, WhatARematerializationWillStillReadIsTakenLast) {
       EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "s", "q", "t"}))
           << "an input a pending replay reads is taken last";
     }
-    EXPECT_TRUE(Resident(t));
-    EXPECT_EQ(std::count_if(g.begin(), g.end(), [&](StorageId e) { return Resident(e); }), 0);
+    EXPECT_TRUE(Resident(graph.t));
+    EXPECT_EQ(std::count_if(graph.g.begin(), graph.g.end(), [&](StorageId e) { return Resident(e); }), 0);
   }
 }
 
-// Note [Inputs a rematerialization will read]: the same rematerialization, with a fresh h
-// beside the g's. Once p and s have replayed, nothing listed reads l any more: it is an ordinary
-// candidate again, and making room for q the search takes it, stalest, before h.
-TEST_F(RuntimeTest, AReadEndsWhenItsOpReplays) {
-  RuntimeConfig config;
-  config.budget_bytes = 1 + 6 * 100;
-  config.heuristic = HeuristicKind::kDtr;
-  config.search = SearchMode::kExact;
-  config.pending_protection = 1000;
-  Make(config);
-  StorageId x = Const(1);
-  StorageId l = Op1("l", {x}, 100);
-  StorageId p = Op1("p", {l}, 100);
-  StorageId y = Op1("y", {x}, 100);
-  StorageId s = Op1("s", {l}, 100);
-  StorageId q = Op1("q", {y, s}, 100);
-  StorageId t = Op1("t", {p, q}, 100);
-  for (StorageId e : {t, q, s, y, p}) ASSERT_TRUE(rt_->Evict(e).ok());
-  ASSERT_TRUE(rt_->SetBudget(1 + 5 * 100).ok());
-  for (int i = 0; i < 20; ++i) (void)Op1("filler", {x}, 0);  // l grows stale
-  std::vector<StorageId> g;
-  for (int i = 0; i < 3; ++i) g.push_back(Op1("g", {x}, 100));
-  for (StorageId e : g) (void)Op1("reader", {e}, 0);  // not results awaiting their reader
-  StorageId h = Op1("h", {x}, 100);
+// With room for a fresh h as well: once p and s have replayed, nothing listed reads l any more,
+// so it is an ordinary candidate again, and making room for q the search takes it, stalest,
+// before h.
+TEST_F(PendingReadsTest, AReadEndsWhenItsOpReplays) {
+  PendingReadsGraph graph = Build(1000, /*room=*/1);
+  StorageId h = Op1("h", {graph.x}, 100);
   (void)Op1("reader", {h}, 0);
   backend_.replays.clear();
   backend_.releases.clear();
-  ASSERT_TRUE(rt_->Access(t, 0).ok());
+  ASSERT_TRUE(rt_->Access(graph.t, 0).ok());
   Check();
   EXPECT_EQ(backend_.replays, (std::vector<std::string>{"p", "y", "s", "q", "t"}));
   auto released_at = [&](StorageId id) {
@@ -1417,8 +1414,8 @@ TEST_F(RuntimeTest, AReadEndsWhenItsOpReplays) {
       if (backend_.releases[i].first == id) return int(i);
     return -1;
   };
-  ASSERT_GE(released_at(l), 0) << "l, read by no listed op after s, is evicted";
-  if (released_at(h) >= 0) EXPECT_GT(released_at(h), released_at(l)) << "l goes before the fresh h";
+  ASSERT_GE(released_at(graph.l), 0) << "l, read by no listed op after s, is evicted";
+  if (released_at(h) >= 0) EXPECT_GT(released_at(h), released_at(graph.l)) << "l goes before the fresh h";
 }
 
 // Note [Results of the backward pass]: of two storages alike but for when they were last used,
