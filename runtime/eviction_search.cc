@@ -192,7 +192,8 @@ double Runtime::EntryDamping(const PoolEntry& e) {
   const bool rebuilt = rebuilds_underway_ > 0 && (e.flags & PoolEntry::kRebuilt);
   if (thrash || rebuilt) damping = Damping(e.id, thrash, rebuilt);  // else the entry is all there is to read
   if (e.flags & PoolEntry::kBackward) damping *= config_.backward_protection;  // Note [Results of the backward pass]
-  if (e.flags & PoolEntry::kPending) damping *= config_.pending_protection;  // Note [Inputs a rematerialization will read]
+  // Note [Inputs a rematerialization will read]
+  if (e.flags & PoolEntry::kPending) damping *= config_.pending_protection;
   return damping;
 }
 

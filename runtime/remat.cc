@@ -110,13 +110,13 @@ namespace dtr {
 // everything behind it. In a tree (the TreeLSTM) a node's c is read by its h and again by its
 // parent's c, so each level could double the work: at r = 0.15 of its activations one
 // rematerialization early in the backward pass replayed 4,006 ops to rebuild 527 storages, the
-// forward pass of the whole tree 7.6 times over (bench/results/activations.md, stop 49). So Materialize lists,
-// before it replays anything, the ops it expects to replay, and counts on each storage they read
-// (resident or not) how many of them have not run yet (StorageRecord::pending_reads, mirrored as
-// PoolEntry::kPending). The search multiplies such a storage's score by pending_protection
-// (1000 below): it takes first what no op of the rebuild still needs, and a pending input
-// only when everything else scores that many times worse, so a rebuild that does not fit is not
-// made to fail. A replay of a listed op releases its reads; what is left is released when
+// forward pass of the whole tree 7.6 times over (bench/results/activations.md, stop 49). So
+// Materialize lists, before it replays anything, the ops it expects to replay, and counts on each
+// storage they read (resident or not) how many of them have not run yet
+// (StorageRecord::pending_reads, mirrored as PoolEntry::kPending). The search multiplies such a
+// storage's score by pending_protection (1000 below): it takes first what no op of the rebuild
+// still needs, and a pending input only when everything else scores that many times worse, so a
+// rebuild that does not fit is not made to fail. A replay of a listed op releases its reads; what is left is released when
 // Materialize returns, done or unwound. The list is what a rebuild from the current residency
 // would replay; an input evicted during the rebuild is rebuilt as before, without a list of its
 // own, and Materialize calls that nest each list their own. An op listed once is released at its
@@ -351,7 +351,8 @@ void Runtime::ReleasePendingReads(PendingReplays::Op& op) {
 void Runtime::NotePendingReplayed(OpId id) {
   if (config_.pending_protection == 1) return;  // nothing was listed
   for (PendingReplays* pending : pending_replays_)
-    if (auto it = pending->index.find(id); it != pending->index.end()) ReleasePendingReads(pending->ops[it->second]);
+    if (auto it = pending->index.find(id); it != pending->index.end())
+      ReleasePendingReads(pending->ops[it->second]);
 }
 
 absl::Status Runtime::ReplayFirstOp(StorageId id) {
