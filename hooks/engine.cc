@@ -362,6 +362,11 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
     e->slot = nullptr;
     return false;
   }
+  // Note [Deaths released at once]: only when the program's StorageImpl is gone (not memory
+  // replaced under a live one, whose entry must keep the old bytes in a StorageImpl of its own)
+  // and this death would be drained right away, alone.
+  if (s->mem != nullptr && !e->dead && e->weak.expired() && busy_ == 0 && deaths_.empty() && !has_deferred_slots())
+    return !DropAtDeath(e, s);
   {
     // Note [Dead storages the runtime still needs], Note [Memory replaced under a live
     // storage]: steal the bytes (or the tombstone).
@@ -386,6 +391,65 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
   }
   if (busy_ == 0) DrainDeaths();
   return kept;
+}
+
+// Note [Deaths released at once]
+// Most storages that die are released by the runtime in the same call: eagerly evicted (an
+// activation whose readers are recorded) or collected (nothing reads it). Stealing their bytes
+// into an internal StorageImpl first (Note [Dead storages the runtime still needs]) and then
+// swapping a tombstone into it cost a StorageImpl, a tombstone slot and the DataPtr round trip
+// for nothing: about a thousand instructions a death, most ops having one. So when a resident
+// storage dies with nothing else queued and no engine call under way (exactly when the slow
+// path would drop its reference at once), the deleter drops the runtime's reference first, with
+// the entry marked dying_: Release then only detaches the slot (no tombstone), and the deleter
+// frees the block itself. An evicted dead entry then has no StorageImpl at all (slot and owned
+// null); RestoreTarget makes one, holding a tombstone as the slow path's would, when a replay
+// brings the storage back. If the runtime keeps the storage resident instead (locked, pinned,
+// frozen), the bytes are stolen then, before any other death is drained, as the slow path would
+// have: nothing reads an entry's StorageImpl while its reference is dropped. Memory replaced
+// under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
+// entry's weak reference still reaches the program's StorageImpl, which holds other bytes now,
+// so a restore must never find it (seen: share_memory_ then a replay wrote into shared memory).
+bool Engine::DropAtDeath(Entry* e, Slot* s) {
+  e->dead = true;
+  e->dead_device = s->cuda_device;
+  dying_ = e;
+  dying_released_ = false;
+  ++busy_;  // deaths this causes wait for DrainDeaths, as under Busy
+  if (tracing()) TraceLine(absl::StrCat("release ", TName(e)));
+  if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
+    (void)rt_->Unpin(e->sid);  // Note [Memory read outside the dispatcher]
+    e->kept_resident = false;
+  }
+  if (rt_->storage(e->sid) != nullptr) {
+    absl::Status st = rt_->DropRef(e->sid);
+    if (!st.ok() && cfg_.verbose) std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(st.message()).c_str());
+  }
+  --busy_;
+  const bool released = dying_released_;
+  dying_ = nullptr;
+  if (!released) {
+    // Kept: the entry takes the bytes over (Note [Dead storages the runtime still needs]).
+    s->entry = e;
+    c10::Allocator* owner = s->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
+    e->owned = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes),
+                                                     ResidentPtr(s), owner, /*resizable=*/false);
+  }
+  if (busy_ == 0) DrainDeaths();
+  return released;
+}
+
+c10::intrusive_ptr<c10::StorageImpl> Engine::RestoreTarget(Entry* e) {
+  if (c10::intrusive_ptr<c10::StorageImpl> impl = e->impl()) return impl;
+  if (!e->dead || !e->ours || e->slot != nullptr) return {};
+  // Note [Deaths released at once]: released at its death, it comes back into a StorageImpl of
+  // the entry's own, as a storage that died evicted would.
+  Slot* tomb = new Slot{nullptr, 0, e, 0, e->dead_device};
+  e->slot = tomb;
+  c10::Allocator* owner = tomb->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
+  e->owned = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes),
+                                                   TombPtr(tomb, SlotDevice(tomb)), owner, /*resizable=*/false);
+  return e->owned;
 }
 
 void Engine::DrainDeaths() {
@@ -485,6 +549,17 @@ void Engine::Sweep() {
 void Engine::Release(StorageId id, const StorageRecord& storage, bool permanently) {
   Entry* e = FindEntry(id);
   if (e == nullptr) return;
+  if (e == dying_) {
+    // Note [Deaths released at once]: its deleter frees the block once DropAtDeath returns.
+    dying_released_ = true;
+    dying_ = nullptr;
+    e->slot = nullptr;
+    if (permanently) {
+      entries_.erase(id.packed());
+      DeleteEntry(e);
+    }
+    return;
+  }
   c10::intrusive_ptr<c10::StorageImpl> impl = e->impl();
   if (impl && e->ours && e->slot != nullptr && SlotOf(impl->data_ptr()) == e->slot && e->slot->mem != nullptr) {
     // Rule 3: only our own memory is ever released.
@@ -535,7 +610,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   c10::intrusive_ptr<c10::StorageImpl> overwritten_impl, fresh_impl;
   if (oprec.overwrites) {
     overwritten = FindEntry(oprec.outputs[0]);
-    overwritten_impl = overwritten ? overwritten->impl() : c10::intrusive_ptr<c10::StorageImpl>();
+    overwritten_impl = overwritten ? RestoreTarget(overwritten) : c10::intrusive_ptr<c10::StorageImpl>();
     if (!overwritten_impl) return absl::InternalError("dtr: replay target storage is gone");
     try {
       at::Tensor fresh = at::empty({int64_t(oprec.output_sizes[0])},
@@ -650,7 +725,7 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
     }
     Entry* e = FindEntry(oprec.outputs[i]);
     if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
-    c10::intrusive_ptr<c10::StorageImpl> target = e->impl();
+    c10::intrusive_ptr<c10::StorageImpl> target = RestoreTarget(e);
     if (!target) return absl::InternalError("dtr: replay target storage is gone");
     AdoptMemory(e, target.get(), out.storage().unsafeGetStorageImpl());
   }

@@ -365,6 +365,13 @@ class Engine final : public ReplayBackend,
   void ForgetForeign(Entry* e, bool report_death);
   void DrainDeaths();
   bool OnSlotDeletedLocked(Slot* s);
+  // Note [Deaths released at once] (engine.cc): drops the runtime's reference of a resident
+  // storage whose last tensor just died; true if the runtime released its memory then (the
+  // caller frees the block), false if it kept it (the entry then owns the bytes).
+  bool DropAtDeath(Entry* e, Slot* s);
+  // The StorageImpl a restore puts an entry's bytes into, made for a dead storage released at
+  // its death (Note [Deaths released at once]); null for a live storage that is gone.
+  c10::intrusive_ptr<c10::StorageImpl> RestoreTarget(Entry* e);
   void DrainDeferredSlots();
   // Read on every engine call, so without deferred_mu_: a slot handed over just after this
   // read waits for the next drain, as one handed over just after a locked read would.
@@ -404,6 +411,10 @@ class Engine final : public ReplayBackend,
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
   std::vector<Entry*> deaths_;
+  // Note [Deaths released at once]: the entry whose storage is dying inside DropAtDeath, and
+  // whether the runtime released it (Release saw it).
+  Entry* dying_ = nullptr;
+  bool dying_released_ = false;
   std::vector<StorageId> dropped_outputs_;  // Note [Entries of collected storages]
   std::mutex deferred_mu_;             // guards deferred_slots_ only; never held while calling out
   std::vector<Slot*> deferred_slots_;  // Note [Deleters never wait]

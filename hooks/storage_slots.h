@@ -64,6 +64,9 @@ struct Entry {
   bool kept_resident = false;
   bool changeable() const { return external || exposed; }
   int trace_id = -1;
+  // Where a dead storage's bytes were (Slot::cuda_device) once its slot is gone (Note [Deaths
+  // released at once], engine.cc), for the StorageImpl a later restore makes.
+  int16_t dead_device = -1;
   // Note [Unevictable memory by reason] (memory_report.cc), Engine::Intern ids (0: none): the op
   // that made it without being recorded, the last op that wrote it without being replayable,
   // and what keeps a runtime pin on it.

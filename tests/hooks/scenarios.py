@@ -339,6 +339,26 @@ def deaths_while_locked():
     return {"sums": dg(torch.tensor(sums)), "ys": [dg(y) for y in ys]}
 
 
+def dead_then_needed():
+    """Storages that die while recorded ops still read them (Note [Deaths released at once]): an
+    activation is evicted at its death and must come back, when a reader's replay needs it, into
+    memory the engine makes for it; a dead constant (written from numpy, not replayable) read by a
+    live recipe keeps its bytes. Everything is evicted, then read back."""
+    import numpy as np
+    torch.manual_seed(11)
+    w = torch.randn(64, 64)
+    outs = []
+    for i in range(6):
+        a = torch.randn(64, 64) * (i + 1)  # recorded: evicted at its death, rebuilt for b's replay
+        b = a.tanh()
+        k = torch.empty(64, 64)
+        k.copy_(torch.from_numpy(np.full((64, 64), 0.25 * i, dtype=np.float32)))  # a constant
+        outs.append((b @ w) + k.exp())
+        del a, b, k
+    evict_all()
+    return {"outs": [dg(o) for o in outs]}
+
+
 def overwritten():
     """Storages made by an unrecorded op (empty) and then filled in full by an in-place op
     (Note [Overwriting in-place ops]): fill_, a random fill with the default generator and with
@@ -384,7 +404,7 @@ SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
                  replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
-                 overwritten=overwritten, deep_recipes=deep_recipes)
+                 overwritten=overwritten, deep_recipes=deep_recipes, dead_then_needed=dead_then_needed)
 
 if __name__ == "__main__":
     import os

@@ -32,7 +32,7 @@ def plain(name):
 @pytest.mark.parametrize("name", ["rng", "views_inplace", "multi_output", "leaving", "threads", "set_budget",
                                   "raw_writes", "layout", "default_dtype", "batchnorm_stats",
                                   "foreign_memory", "replaced_memory", "deaths_while_locked", "overwritten",
-                                  "deep_recipes"])
+                                  "deep_recipes", "dead_then_needed"])
 def test_scenario_bit_identical_with_evictions(name):
     res, r = scenario(name, True)
     assert res["out"] == plain(name)
