@@ -353,6 +353,12 @@ void Engine::FreeSlot(Slot* s) {
   if (!st.ok()) std::fprintf(stderr, "dtr: free failed: %s\n", std::string(st.message()).c_str());
 }
 
+void Engine::TakeOver(Entry* e, c10::DataPtr dp, int cuda_device) {
+  c10::Allocator* owner = cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
+  e->owned = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes),
+                                                   std::move(dp), owner, /*resizable=*/false);
+}
+
 bool Engine::OnSlotDeletedLocked(Slot* s) {
   Entry* e = s->entry;
   s->entry = nullptr;
@@ -380,10 +386,7 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
       e->slot = tomb;
       dp = TombPtr(tomb, SlotDevice(tomb));
     }
-    c10::Allocator* owner = s->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
-    e->owned = c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes), std::move(dp), owner,
-        /*resizable=*/false);
+    TakeOver(e, std::move(dp), s->cuda_device);
   }
   if (!e->dead) {
     e->dead = true;
@@ -431,9 +434,7 @@ bool Engine::DropAtDeath(Entry* e, Slot* s) {
   if (!released) {
     // Kept: the entry takes the bytes over (Note [Dead storages the runtime still needs]).
     s->entry = e;
-    c10::Allocator* owner = s->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
-    e->owned = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes),
-                                                     ResidentPtr(s), owner, /*resizable=*/false);
+    TakeOver(e, ResidentPtr(s), s->cuda_device);
   }
   if (busy_ == 0) DrainDeaths();
   return released;
@@ -446,9 +447,7 @@ c10::intrusive_ptr<c10::StorageImpl> Engine::RestoreTarget(Entry* e) {
   // the entry's own, as a storage that died evicted would.
   Slot* tomb = new Slot{nullptr, 0, e, 0, e->dead_device};
   e->slot = tomb;
-  c10::Allocator* owner = tomb->cuda_device >= 0 ? g_cuda_slot_ops.allocator : adapter_.get();
-  e->owned = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), int64_t(e->nbytes),
-                                                   TombPtr(tomb, SlotDevice(tomb)), owner, /*resizable=*/false);
+  TakeOver(e, TombPtr(tomb, SlotDevice(tomb)), tomb->cuda_device);
   return e->owned;
 }
 

@@ -16,9 +16,10 @@
 // The deleter therefore *steals* the memory (or the tombstone) into a fresh internal StorageImpl
 // owned by the Entry, and only then drops the runtime's external reference (deferred to when the
 // runtime is not in the middle of a call). The runtime then evicts it eagerly, keeps it, or
-// collects it (Release(permanently=true) frees the internal StorageImpl). Storages whose memory
-// is not ours (from_numpy, pre-activation allocations) cannot be stolen: replay records hold a
-// strong reference to those (they are constants anyway, never evicted).
+// collects it (Release(permanently=true) frees the internal StorageImpl); a death the runtime
+// releases in the same call skips the steal (Note [Deaths released at once], engine.cc).
+// Storages whose memory is not ours (from_numpy, pre-activation allocations) cannot be stolen:
+// replay records hold a strong reference to those (they are constants anyway, never evicted).
 //
 // Note [Memory replaced under a live storage]
 // A live storage's memory can be replaced outside the dispatcher: FSDP frees an unsharded
@@ -369,6 +370,9 @@ class Engine final : public ReplayBackend,
   // storage whose last tensor just died; true if the runtime released its memory then (the
   // caller frees the block), false if it kept it (the entry then owns the bytes).
   bool DropAtDeath(Entry* e, Slot* s);
+  // Gives a dead storage's entry a StorageImpl of its own holding `dp` (its bytes or a
+  // tombstone) on `cuda_device` (-1: host): Note [Dead storages the runtime still needs].
+  void TakeOver(Entry* e, c10::DataPtr dp, int cuda_device);
   // The StorageImpl a restore puts an entry's bytes into, made for a dead storage released at
   // its death (Note [Deaths released at once]); null for a live storage that is gone.
   c10::intrusive_ptr<c10::StorageImpl> RestoreTarget(Entry* e);
