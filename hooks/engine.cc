@@ -371,8 +371,10 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
   // Note [Deaths released at once]: only when the program's StorageImpl is gone (not memory
   // replaced under a live one, whose entry must keep the old bytes in a StorageImpl of its own)
   // and this death would be drained right away, alone.
-  if (s->mem != nullptr && !e->dead && e->weak.expired() && busy_ == 0 && deaths_.empty() && !has_deferred_slots())
-    return !DropAtDeath(e, s);
+  if (s->mem != nullptr && !e->dead && e->weak.expired() && busy_ == 0 && deaths_.empty() && !has_deferred_slots()) {
+    DropAtDeath(e, s);
+    return true;  // kept, or freed already: nothing for the deleter to free
+  }
   {
     // Note [Dead storages the runtime still needs], Note [Memory replaced under a live
     // storage]: steal the bytes (or the tombstone).
@@ -404,8 +406,9 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 // for nothing: about a thousand instructions a death, most ops having one. So when a resident
 // storage dies with nothing else queued and no engine call under way (exactly when the slow
 // path would drop its reference at once), the deleter drops the runtime's reference first, with
-// the entry marked dying_: Release then only detaches the slot (no tombstone), and the deleter
-// frees the block itself. An evicted dead entry then has no StorageImpl at all (slot and owned
+// the entry marked dying_: Release then only detaches the slot (no tombstone), and the block is
+// freed right after, still under mu_ as before (a thread waiting for mu_ to evict must not find
+// it allocated and evict a victim too many). An evicted dead entry then has no StorageImpl at all (slot and owned
 // null); RestoreTarget makes one, holding a tombstone as the slow path's would, when a replay
 // brings the storage back. If the runtime keeps the storage resident instead (locked, pinned,
 // frozen), the bytes are stolen then, before any other death is drained, as the slow path would
@@ -413,7 +416,7 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 // under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
 // entry's weak reference still reaches the program's StorageImpl, which holds other bytes now,
 // so a restore must never find it (seen: share_memory_ then a replay wrote into shared memory).
-bool Engine::DropAtDeath(Entry* e, Slot* s) {
+void Engine::DropAtDeath(Entry* e, Slot* s) {
   e->dead = true;
   e->dead_device = s->cuda_device;
   dying_ = e;
@@ -431,13 +434,15 @@ bool Engine::DropAtDeath(Entry* e, Slot* s) {
   --busy_;
   const bool released = dying_released_;
   dying_ = nullptr;
-  if (!released) {
+  if (released) {
+    ++deaths_released_at_once_;
+    FreeSlot(s);
+  } else {
     // Kept: the entry takes the bytes over (Note [Dead storages the runtime still needs]).
     s->entry = e;
     TakeOver(e, ResidentPtr(s), s->cuda_device);
   }
   if (busy_ == 0) DrainDeaths();
-  return released;
 }
 
 c10::intrusive_ptr<c10::StorageImpl> Engine::RestoreTarget(Entry* e) {
@@ -1023,7 +1028,7 @@ std::string Engine::StatsJson() {
       by.external, ",\"pinned\":", by.pinned, ",\"locked\":", by.locked, ",\"untracked\":", by.untracked, "}",
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
       ",\"unevictable_by_reason\":", UnevictableDetailJson(by.by_reason), ",\"unevictable_at_peak\":", UnevictableAtPeakJson({}),
-      ",\"replay_relayouts\":", relayouts_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
+      ",\"replay_relayouts\":", relayouts_, ",\"deaths_released_at_once\":", deaths_released_at_once_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
       ",\"runtime\":", rs.ToJson(), CpuAllocatorJson(), "}");
 }
 

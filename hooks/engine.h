@@ -367,9 +367,9 @@ class Engine final : public ReplayBackend,
   void DrainDeaths();
   bool OnSlotDeletedLocked(Slot* s);
   // Note [Deaths released at once] (engine.cc): drops the runtime's reference of a resident
-  // storage whose last tensor just died; true if the runtime released its memory then (the
-  // caller frees the block), false if it kept it (the entry then owns the bytes).
-  bool DropAtDeath(Entry* e, Slot* s);
+  // storage whose last tensor just died; frees its block if the runtime released it, else the
+  // entry takes the bytes over. Either way the caller must not free the slot.
+  void DropAtDeath(Entry* e, Slot* s);
   // Gives a dead storage's entry a StorageImpl of its own holding `dp` (its bytes or a
   // tombstone) on `cuda_device` (-1: host): Note [Dead storages the runtime still needs].
   void TakeOver(Entry* e, c10::DataPtr dp, int cuda_device);
@@ -425,7 +425,8 @@ class Engine final : public ReplayBackend,
   std::atomic<bool> has_deferred_slots_{false};  // !deferred_slots_.empty(), written under deferred_mu_
   int busy_ = 0;
   uint64_t ops_seen_ = 0;
-  uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)
+  uint64_t relayouts_ = 0;
+  uint64_t deaths_released_at_once_ = 0;  // Note [Deaths released at once]  // replays whose output was copied into the recorded layout (rule 5)
   // Note [Where the time goes]: for benchmarks and users tuning overhead. search_ns_ is all time
   // in MakeRoom (choosing and evicting victims). Inside the fallback, hook_ns_ is the wall time of
   // managed ops, exec_ns_ the ops' own execution (first runs, eviction excluded), and the search

@@ -81,7 +81,8 @@ struct Entry {
 };
 
 // What the engine did with a dying slot: nothing left to do but free it (kFree), took its bytes
-// over (kKept), or will handle it later (kDeferred, Note [Deleters never wait]).
+// over or freed them itself (kKept), or will handle it later (kDeferred, Note [Deleters never
+// wait]).
 enum class SlotFate { kFree, kKept, kDeferred };
 
 // The deleter of resident DataPtrs (data: the byte after the slot header) and of tombstones
