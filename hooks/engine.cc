@@ -408,9 +408,9 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 // path would drop its reference at once), the deleter drops the runtime's reference first, with
 // the entry marked dying_: Release then only detaches the slot (no tombstone), and the block is
 // freed right after, still under mu_ as before (a thread waiting for mu_ to evict must not find
-// it allocated and evict a victim too many). An evicted dead entry then has no StorageImpl at all (slot and owned
-// null); RestoreTarget makes one, holding a tombstone as the slow path's would, when a replay
-// brings the storage back. If the runtime keeps the storage resident instead (locked, pinned,
+// it allocated and evict a victim too many). An evicted dead entry then has no StorageImpl at
+// all (slot and owned null); RestoreTarget makes one, holding a tombstone as the slow path's
+// would, when a replay brings the storage back. If the runtime keeps the storage resident instead (locked, pinned,
 // frozen), the bytes are stolen then, before any other death is drained, as the slow path would
 // have: nothing reads an entry's StorageImpl while its reference is dropped. Memory replaced
 // under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
@@ -422,15 +422,7 @@ void Engine::DropAtDeath(Entry* e, Slot* s) {
   dying_ = e;
   dying_released_ = false;
   ++busy_;  // deaths this causes wait for DrainDeaths, as under Busy
-  if (tracing()) TraceLine(absl::StrCat("release ", TName(e)));
-  if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
-    (void)rt_->Unpin(e->sid);  // Note [Memory read outside the dispatcher]
-    e->kept_resident = false;
-  }
-  if (rt_->storage(e->sid) != nullptr) {
-    absl::Status st = rt_->DropRef(e->sid);
-    if (!st.ok() && cfg_.verbose) std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(st.message()).c_str());
-  }
+  DropProgramRef(e);
   --busy_;
   const bool released = dying_released_;
   dying_ = nullptr;
@@ -456,6 +448,19 @@ c10::intrusive_ptr<c10::StorageImpl> Engine::RestoreTarget(Entry* e) {
   return e->owned;
 }
 
+void Engine::DropProgramRef(Entry* e) {
+  if (tracing()) TraceLine(absl::StrCat("release ", TName(e)));
+  if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
+    // Note [Memory read outside the dispatcher]: the pin lasts as long as the storage.
+    (void)rt_->Unpin(e->sid);
+    e->kept_resident = false;
+  }
+  if (rt_->storage(e->sid) != nullptr) {
+    absl::Status s = rt_->DropRef(e->sid);
+    if (!s.ok() && cfg_.verbose) std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(s.message()).c_str());
+  }
+}
+
 void Engine::DrainDeaths() {
   if (has_deferred_slots()) DrainDeferredSlots();
   while ((!deaths_.empty() || !dropped_outputs_.empty()) && busy_ == 0) {
@@ -466,19 +471,7 @@ void Engine::DrainDeaths() {
     std::vector<Entry*> d;
     d.swap(deaths_);
     Busy b(this);
-    for (Entry* e : d) {
-      if (tracing()) TraceLine(absl::StrCat("release ", TName(e)));
-      if (e->kept_resident && rt_->storage(e->sid) != nullptr) {
-        // Note [Memory read outside the dispatcher]: the pin lasts as long as the storage.
-        (void)rt_->Unpin(e->sid);
-        e->kept_resident = false;
-      }
-      if (rt_->storage(e->sid) != nullptr) {
-        absl::Status s = rt_->DropRef(e->sid);
-        if (!s.ok() && cfg_.verbose)
-          std::fprintf(stderr, "dtr: DropRef: %s\n", std::string(s.message()).c_str());
-      }
-    }
+    for (Entry* e : d) DropProgramRef(e);
     // Keep the capacity: a death or two comes with most ops.
     d.clear();
     if (deaths_.empty()) deaths_.swap(d);
@@ -554,7 +547,7 @@ void Engine::Release(StorageId id, const StorageRecord& storage, bool permanentl
   Entry* e = FindEntry(id);
   if (e == nullptr) return;
   if (e == dying_) {
-    // Note [Deaths released at once]: its deleter frees the block once DropAtDeath returns.
+    // Note [Deaths released at once]: DropAtDeath frees the block once the runtime returns.
     dying_released_ = true;
     dying_ = nullptr;
     e->slot = nullptr;

@@ -365,6 +365,8 @@ class Engine final : public ReplayBackend,
   // is being deleted); with `report_death`, the runtime then drops its record as for any death.
   void ForgetForeign(Entry* e, bool report_death);
   void DrainDeaths();
+  // A dead storage's runtime reference goes (the program's, and a pin kept for a raw pointer).
+  void DropProgramRef(Entry* e);
   bool OnSlotDeletedLocked(Slot* s);
   // Note [Deaths released at once] (engine.cc): drops the runtime's reference of a resident
   // storage whose last tensor just died; frees its block if the runtime released it, else the
@@ -425,8 +427,8 @@ class Engine final : public ReplayBackend,
   std::atomic<bool> has_deferred_slots_{false};  // !deferred_slots_.empty(), written under deferred_mu_
   int busy_ = 0;
   uint64_t ops_seen_ = 0;
-  uint64_t relayouts_ = 0;
-  uint64_t deaths_released_at_once_ = 0;  // Note [Deaths released at once]  // replays whose output was copied into the recorded layout (rule 5)
+  uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)
+  uint64_t deaths_released_at_once_ = 0;  // Note [Deaths released at once]
   // Note [Where the time goes]: for benchmarks and users tuning overhead. search_ns_ is all time
   // in MakeRoom (choosing and evicting victims). Inside the fallback, hook_ns_ is the wall time of
   // managed ops, exec_ns_ the ops' own execution (first runs, eviction excluded), and the search

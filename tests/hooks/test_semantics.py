@@ -42,7 +42,7 @@ def test_scenario_bit_identical_with_evictions(name):
 def test_deaths_released_at_once_come_back_bit_identical():
     """Note [Deaths released at once]: storages dying while recorded ops read them are released
     in their deleter, and brought back (or kept, for a dead constant) when a replay needs them."""
-    res, r = scenario("dead_then_needed", True)
+    res, _ = scenario("dead_then_needed", True)
     assert res["out"] == plain("dead_then_needed")
     stats = res["dtr"]
     assert stats["deaths_released_at_once"] > 0 and stats["rematerializations"] > 0, stats
