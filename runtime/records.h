@@ -86,6 +86,9 @@ struct StorageRecord {
   // Resident but only part of its recipe replayed (Note [Rematerialization]): its contents are
   // not final, so it counts as evicted for banishing.
   bool rebuilding = false;
+  // Note [Joins at the next search] (eviction_search.cc): evicted at its death, its neighbors not
+  // yet told (Runtime::joins_pending_).
+  bool join_pending = false;
   uint32_t pins = 0;                 // user pins: never evicted while > 0
   uint32_t pool_index = UINT32_MAX;  // position in the evictable pool, if there
   // The ops that (re)compute this storage, in order: the op that created it, then any in-place

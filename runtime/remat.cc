@@ -187,6 +187,7 @@ void Runtime::Unawait(StorageId id) {
 
 absl::Status Runtime::Materialize(StorageId target) {
   if (rec(target).resident()) return absl::OkStatus();
+  JoinPendingEvictions();  // Note [Joins at the next search] (eviction_search.cc)
   // Note [Rebuilt segments]: what this rematerialization brings back is taken last until it ends.
   struct RebuildUnderway {
     explicit RebuildUnderway(Runtime* rt) : rt_(rt) {
@@ -371,6 +372,7 @@ absl::Status Runtime::ReplayFirstOp(StorageId id) {
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (!keep[i]) continue;
     StorageId o = op.outputs[i];
+    if (rec(o).join_pending) JoinEvicted(o);  // Note [Joins at the next search] (eviction_search.cc)
     StorageRecord& r = rec(o);
     NoteEvictedRegionChanged(r);  // Note [Exact neighborhood cost cache]
     components_.AddCost(r.component, -r.cost);

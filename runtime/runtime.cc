@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/heuristic.h"
 #include "runtime/runtime_internal.h"
@@ -430,6 +431,8 @@ absl::Status Runtime::CheckInvariants() const {
   size_t eligible = 0;
   absl::flat_hash_map<uint64_t, uint32_t> recipe_users;
   absl::flat_hash_map<uint32_t, double> component_cost;
+  absl::flat_hash_set<uint64_t> queued_joins;  // Note [Joins at the next search]
+  for (StorageId id : joins_pending_) queued_joins.insert(id.packed());
   absl::Status status;
   storages_.ForEach([&](StorageId id, const StorageRecord& r) {
     if (!status.ok()) return;
@@ -441,17 +444,21 @@ absl::Status Runtime::CheckInvariants() const {
     if (r.resident()) {
       resident_sum += r.size;
       if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
+      if (r.join_pending) status = fail(IdString(id), " resident but awaiting the join of an eviction");
       if (!r.neighbor_evicted) {  // Note [Evicted-neighbor hint]
         // Dropped ops are skipped here and reported by the recipe and reader checks below.
         ForEachNeighbor(id, [&](StorageId n) {
           const StorageRecord* nr = storages_.Find(n);
-          if (nr != nullptr && !nr->resident())
+          // Note [Joins at the next search]: a neighbor evicted at its death tells it later.
+          if (nr != nullptr && !nr->resident() && !nr->join_pending)
             status = fail(IdString(id), " has evicted neighbor ", IdString(n), " but no hint");
         });
       }
     } else {
       ++evicted;
       if (!r.rematerializable()) status = fail(IdString(id), " evicted without a recipe");
+      if (r.join_pending && !queued_joins.contains(id.packed()))  // Note [Joins at the next search]
+        status = fail(IdString(id), " awaits its join but is not queued");
       if (r.pins > 0) status = fail(IdString(id), " evicted while pinned");
       if (r.component == EvictedComponents::kNone) status = fail(IdString(id), " evicted without a component");
       else component_cost[components_.Find(r.component)] += r.cost;
@@ -530,9 +537,29 @@ absl::Status Runtime::CheckInvariants() const {
   if (!collect_worklist_.empty()) return fail("collection worklist not drained");
   // Note [Exact neighborhood cost cache]: a cost still valid is what walking again finds.
   if (ExactNeighborhoodCache() && NeighborhoodWalks()) {
+    // Note [Joins at the next search]: a queued storage's join has still to invalidate the costs
+    // of its neighbors and of the storages beside its evicted neighbors' sets.
+    absl::flat_hash_set<uint64_t> beside_queued;
+    absl::flat_hash_set<uint32_t> sets_beside_queued;
+    for (StorageId q : joins_pending_) {
+      const StorageRecord* qr = storages_.Find(q);
+      if (qr == nullptr || !qr->join_pending) continue;
+      ForEachNeighbor(q, [&](StorageId n) {
+        const StorageRecord* nr = storages_.Find(n);
+        if (nr == nullptr) return;
+        beside_queued.insert(n.packed());
+        if (!nr->resident()) sets_beside_queued.insert(components_.Find(nr->component));
+      });
+    }
+    auto awaits_join = [&](StorageId id, const StorageRecord& r) {
+      if (beside_queued.contains(id.packed())) return true;
+      for (int i = 0; i < r.cached_regions; ++i)
+        if (sets_beside_queued.contains(r.cached_region_root[i])) return true;
+      return false;
+    };
     std::vector<StorageId> cached;
     storages_.ForEach([&](StorageId id, const StorageRecord& r) {
-      if (r.resident() && CachedCostValid(r)) cached.push_back(id);
+      if (r.resident() && CachedCostValid(r) && !awaits_join(id, r)) cached.push_back(id);
     });
     // A walk marks the records it visits (scratch, never read across walks) and counts visits,
     // which the check gives back.

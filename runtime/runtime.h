@@ -161,6 +161,8 @@ class Runtime {
   const OpRecord* op(OpId id) const { return ops_.Find(id); }
   size_t storage_count() const { return storages_.size(); }
   size_t op_count() const { return ops_.size(); }
+  // Note [Joins at the next search]: entries of the queue (some may have been collected since).
+  size_t queued_joins() const { return joins_pending_.size(); }
   const RuntimeConfig& config() const { return config_; }
   uint64_t budget() const { return config_.budget_bytes; }
   uint64_t memory() const { return memory_; }
@@ -324,6 +326,15 @@ class Runtime {
   size_t SampleSize(size_t pool_size) const;  // how many a sampled search draws
   bool ChooseVictim(StorageId* victim, double* score = nullptr);  // score: the victim's
   void EvictUnchecked(StorageId id, bool eager);
+  // Note [Joins at the next search]: tells an evicted storage's neighbors (the evicted-neighbor
+  // hint, their cached costs, the evicted sets); JoinPendingEvictions does it for every storage
+  // evicted at its death since the last search.
+  void JoinEvicted(StorageId id);
+  void JoinPendingEvictions() {
+    if (!joins_pending_.empty()) JoinPendingEvictionsSlow();
+  }
+  void JoinPendingEvictionsSlow();
+  void DropCollectedJoins();  // from joins_pending_
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
 
   // Rematerialization (Note [Rematerialization]); remat.cc.
@@ -428,6 +439,7 @@ class Runtime {
   std::vector<std::pair<double, uint32_t>> search_order_;  // scratch for one search
   std::vector<StorageId> collect_worklist_;
   std::vector<StorageId> scratch_;
+  std::vector<StorageId> joins_pending_;  // Note [Joins at the next search]
   std::vector<StorageId> walk_frontier_;  // scratch for one neighborhood walk
   uint32_t walk_epoch_ = 0;
   uint64_t residency_changes_ = 0;  // evictions and rematerializations: Note [Neighborhood cost cache]

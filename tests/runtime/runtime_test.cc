@@ -391,6 +391,58 @@ TEST_F(RuntimeTest, EagerEvictionEvictsNeededStoragesAndCollectsUnneededOnes) {
   Check();
 }
 
+// Note [Joins at the next search]: a storage evicted at its death tells its neighbors only when
+// something would read what it tells them, and a queue that no search drains stays bounded.
+TEST_F(RuntimeTest, EvictionsAtDeathJoinTheirNeighborsAtTheNextSearch) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.heuristic = HeuristicKind::kDtr;
+  config.thrash_damping = 0;
+  Make(config);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 2, 1);
+  StorageId b = Op1("b", {a}, 2, 8);
+  StorageId c = Op1("c", {b}, 2, 4);
+  auto score = [&](StorageId id, double neighborhood) {
+    const StorageRecord& r = *rt_->storage(id);
+    return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
+  };
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 0));  // walked and cached: no evicted neighbor
+  ASSERT_TRUE(rt_->DropRef(b).ok());               // c still reads b: evicted at its death
+  ASSERT_FALSE(Resident(b));
+  EXPECT_EQ(rt_->queued_joins(), 1u);
+  EXPECT_FALSE(rt_->storage(c)->neighbor_evicted);  // not told yet
+  EXPECT_FALSE(rt_->storage(a)->neighbor_evicted);
+  Check();  // a queued neighbor stands in for the hint, and c's cached cost awaits the join
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 8));  // the search joins first: b's cost counts
+  EXPECT_EQ(rt_->queued_joins(), 0u);
+  EXPECT_TRUE(rt_->storage(a)->neighbor_evicted);
+  EXPECT_TRUE(rt_->storage(c)->neighbor_evicted);
+  Check();
+  // A queued storage brought back for a dependent is joined before it comes back.
+  StorageId d = Op1("d", {c}, 2, 2);
+  ASSERT_TRUE(rt_->DropRef(c).ok());  // d reads c: queued
+  ASSERT_TRUE(rt_->Evict(d).ok());
+  ASSERT_TRUE(rt_->Access(d, 0).ok());  // replays b, then c, then d
+  EXPECT_TRUE(Resident(d));
+  EXPECT_EQ(rt_->queued_joins(), 0u);
+  Check();
+
+  // Many deaths and no search: storages evicted at their death and collected later leave the
+  // queue when it outgrows twice the evicted storages (plus a constant).
+  for (int i = 0; i < 5000; ++i) {
+    StorageId p = Op1("p", {x}, 2, 1);
+    StorageId q = Op1("q", {p}, 2, 1);
+    ASSERT_TRUE(rt_->DropRef(p).ok());  // q reads p: evicted, queued
+    ASSERT_FALSE(Resident(p));
+    ASSERT_TRUE(rt_->DropRef(q).ok());  // nothing reads q: both collected, never joined
+    ASSERT_EQ(rt_->storage(p), nullptr);
+  }
+  EXPECT_LE(rt_->queued_joins(), 1025u);
+  EXPECT_EQ(rt_->stats().eager_evictions, 5002u);
+  Check();
+}
+
 TEST_F(RuntimeTest, BanishingFreesForGoodAndPinsDependents) {
   Make(kUnlimitedBudget, HeuristicKind::kDtrEq, DeallocPolicy::kBanish);
   StorageId x = Const(1);
