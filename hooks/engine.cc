@@ -203,7 +203,7 @@ void Engine::Check(const absl::Status& s, const char* what) {
 }
 
 Entry* Engine::NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes) {
-  Entry* e = new Entry;
+  Entry* e = entry_memory_.New();  // Note [Recycled records] (recycler.h)
   e->sid = sid;
   e->weak = c10::weak_intrusive_ptr<c10::StorageImpl>(
       c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
@@ -510,7 +510,7 @@ void Engine::DeleteEntry(Entry* e) {
   ForgetForeign(e, false);
   e->owned.reset();
   e->foreign.reset();
-  delete e;
+  entry_memory_.Delete(e);
 }
 
 // Frees entries whose records the runtime collected while evicted (Note [Entries of collected

@@ -64,6 +64,7 @@
 #include "hooks/cpu_allocator_adapter.h"
 #include "hooks/env_config.h"
 #include "hooks/op_classification.h"
+#include "hooks/recycler.h"
 #include "hooks/replay_record.h"
 #include "hooks/storage_slots.h"
 #include "runtime/deferred_costs.h"
@@ -118,7 +119,7 @@ class Engine final : public ReplayBackend,
   void AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* from);
   void Release(StorageId id, const StorageRecord& storage, bool permanently) override;
   void OnOpDropped(OpId id, const OpRecord& op) override {
-    delete reinterpret_cast<ReplayRecord*>(op.handle);
+    records_.Delete(reinterpret_cast<ReplayRecord*>(op.handle));
     // Note [Entries of collected storages]: its outputs may be being collected.
     dropped_outputs_.insert(dropped_outputs_.end(), op.outputs.begin(), op.outputs.end());
   }
@@ -414,6 +415,8 @@ class Engine final : public ReplayBackend,
   std::unique_ptr<alloc::CachingAllocator> alloc_;
   std::unique_ptr<CpuAllocatorAdapter> adapter_;
   absl::flat_hash_map<uint64_t, Entry*> entries_;                   // by StorageId
+  Recycler<Entry> entry_memory_;       // Note [Recycled records] (recycler.h)
+  Recycler<ReplayRecord> records_;     // every ReplayRecord is made and dropped through it
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
   std::vector<Entry*> deaths_;

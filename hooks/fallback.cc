@@ -283,7 +283,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     ReplayRecord* rr = nullptr;
     // Rule 6: a random op's record needs the generator state it drew from.
     if (info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6))) {
-      rr = new ReplayRecord(op);
+      rr = records_.New(op);
       RecordOperands(rr, *stack, base, operands, std::move(scalar_args));
       if (info.gen_arg >= 0) {
         rr->gen_arg = info.gen_arg;
@@ -320,13 +320,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     });
     if (!s.ok() || err) {
       // The runtime did not record the op: free the record.
-      delete rr;
+      records_.Delete(rr);
       if (err) std::rethrow_exception(err);
       Check(s, info.name.c_str());
     }
     // If the op was recorded, the runtime owns rr (OnOpDropped deletes it, perhaps already: a
     // recipe cut at max_replay_depth); if not, drop it.
-    if (rr != nullptr && !mc_recorded) delete rr;
+    if (rr != nullptr && !mc_recorded) records_.Delete(rr);
     if (!mc_recorded) {  // Note [Unevictable memory by reason]
       uint16_t& writer = it->second.writer_reason;  // interned once per op
       if (writer == 0) writer = WriterReason(info.name);
@@ -373,7 +373,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   }
 
   // ---- a functional op: record it ----
-  ReplayRecord* rr = new ReplayRecord(op);
+  ReplayRecord* rr = records_.New(op);
   RecordOperands(rr, *stack, base, operands, std::move(scalar_args));
   if (bn_training) {
     rr->args[3] = c10::IValue();
@@ -435,7 +435,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   try {
     cost = timed_pass();
   } catch (...) {
-    delete rr;
+    records_.Delete(rr);
     throw;
   }
   if (cost_span.costs != nullptr) deferred_costs_->End(cost_span.span);
@@ -446,7 +446,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (cfg_.verbose)
       std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
     it->second.seeded_no_gen = true;
-    delete rr;
+    records_.Delete(rr);
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
     return;
@@ -509,7 +509,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     o.nbytes = impl->nbytes();
   });
   if (views_of_inputs) {
-    delete rr;
+    records_.Delete(rr);
     rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     return;
@@ -518,7 +518,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (hidden_alias) held.KeepPinned("an output may hold an input's storage (sparse, nested)");
   if (!replayable || outs.empty()) {
     // Outputs become constants lazily when first used.
-    delete rr;
+    records_.Delete(rr);
     rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
@@ -532,7 +532,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   call.backward = backward;
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
-    delete rr;
+    records_.Delete(rr);
     Check(out_sids.status(), info.name.c_str());
   }
   // Note [Bounded replay chains]: an op recorded too deep was dropped at once (its outputs are
