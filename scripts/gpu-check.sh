@@ -42,7 +42,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else "a CUDA build of torch is needed")'
   cmake -G Ninja -S . -B build-hooks -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_PYTHON="$VENV_PY" \
     -DDTR_BUILD_BENCH=OFF >/dev/null
-  ninja -C build-hooks dtr_torch cuda_allocator_test env_config_test replay_state_test
+  ninja -C build-hooks dtr_torch cuda_allocator_test env_config_test recycler_test replay_state_test
   result "built"
   step "2. CUDA adapter tests (fake backends)"
   ctest --test-dir build-hooks -L hooks --output-on-failure && result "passed"

@@ -54,7 +54,7 @@ if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if t
   echo "== hooks + CUDA adapter against torch $TORCH_VERSION: C++ tests"
   pip_tree=build/py-torch$TORCH_VERSION
   cmake -S . -B "$pip_tree" -DDTR_BUILD_TESTS=ON >/dev/null
-  cmake --build "$pip_tree" -j"$jobs" --target cuda_allocator_test env_config_test replay_state_test
+  cmake --build "$pip_tree" -j"$jobs" --target cuda_allocator_test env_config_test recycler_test replay_state_test
   ctest --test-dir "$pip_tree" -L hooks --output-on-failure
 fi
 
