@@ -163,6 +163,7 @@ absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<c
     // Locked before any is brought back, so that bringing one back cannot evict another.
     for (StorageId in : *distinct) Lock(in);
     for (StorageId in : *distinct) {
+      if (rec(in).resident()) continue;  // nearly every input: cheaper than Materialize's call
       if (absl::Status s = Materialize(in); !s.ok()) {
         UnlockAll(*distinct);
         return s;
