@@ -624,7 +624,7 @@ void Runtime::EvictUnchecked(StorageId id, bool eager) {
   ++stats_.evictions;
   if (eager) ++stats_.eager_evictions;
   if (r.waits > 0) ++stats_.awaited_evictions;
-  if (eager) {  // Note [Joins at the next search]
+  if (eager && ExactNeighborhoodCache()) {  // Note [Joins at the next search]
     r.join_pending = true;
     // Queued storages collected since are dropped from time to time, so that a run with no
     // search keeps a queue no longer than twice its evicted storages.
@@ -649,8 +649,13 @@ void Runtime::EvictUnchecked(StorageId id, bool eager) {
 // and the storage itself where it comes back). A queued storage collected first is never
 // joined; its neighbors then keep caches and sets a join would have invalidated or merged,
 // which only the sets' union-find could tell (exact walks sum the same evicted storages, and a
-// collected one is in none). CheckInvariants accepts a queued neighbor in place of the hint.
-// It saves about 0.7k instructions an eager eviction (the neighbor lists and their records).
+// collected one is in none): dtr-eq's sets merge less, dtr decides the same. Only under the
+// exact cache: the event-count cache (DTR_NEIGHBORHOOD_CACHE=N) keeps a cost for N evictions
+// however stale, and a join's reset of the neighbors' costs is what refreshes them, so there
+// storages are joined at once (found by review: a never-joined neighbor kept a stale cost and
+// the victim changed). CheckInvariants accepts a queued neighbor in place of the hint, and skips
+// the cached costs a queued join will invalidate. It saves about 0.7k instructions an eager
+// eviction (the neighbor lists and their records).
 void Runtime::JoinEvicted(StorageId id) {
   StorageRecord& r = rec(id);
   r.join_pending = false;

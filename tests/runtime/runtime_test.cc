@@ -443,6 +443,36 @@ TEST_F(RuntimeTest, EvictionsAtDeathJoinTheirNeighborsAtTheNextSearch) {
   Check();
 }
 
+// Under the event-count cache a join's reset of its neighbors' costs is what refreshes a cost
+// gone stale further away, so storages are joined at their death (found by review: C kept the
+// cost of A alone, 3, and the victim changed).
+TEST_F(RuntimeTest, UnderTheEventCountCacheEvictionsAtDeathJoinAtOnce) {
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.heuristic = HeuristicKind::kDtr;
+  config.thrash_damping = 0;
+  config.neighborhood_cache_events = 8;
+  Make(config);
+  StorageId x = Const(1);
+  StorageId a0 = Op1("a0", {x}, 2, 7);
+  StorageId a = Op1("a", {a0}, 2, 3);
+  StorageId c = Op1("c", {a}, 2, 1);
+  auto score = [&](StorageId id, double neighborhood) {
+    const StorageRecord& r = *rt_->storage(id);
+    return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
+  };
+  ASSERT_TRUE(rt_->DropRef(a).ok());
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 3));  // cached for 8 evictions
+  ASSERT_TRUE(rt_->DropRef(a0).ok());              // two hops away: c's cost may stay stale
+  StorageId q = Op1("q", {c}, 2, 1);
+  StorageId r = Op1("r", {q}, 2, 1);
+  ASSERT_TRUE(rt_->DropRef(q).ok());  // c's neighbor: its join makes c walk again
+  EXPECT_EQ(rt_->queued_joins(), 0u);
+  ASSERT_TRUE(rt_->DropRef(r).ok());  // r and q collected
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 3 + 7));
+  Check();
+}
+
 TEST_F(RuntimeTest, BanishingFreesForGoodAndPinsDependents) {
   Make(kUnlimitedBudget, HeuristicKind::kDtrEq, DeallocPolicy::kBanish);
   StorageId x = Const(1);
