@@ -410,10 +410,10 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 // freed right after, still under mu_ as before (a thread waiting for mu_ to evict must not find
 // it allocated and evict a victim too many). An evicted dead entry then has no StorageImpl at
 // all (slot and owned null); RestoreTarget makes one, holding a tombstone as the slow path's
-// would, when a replay brings the storage back. If the runtime keeps the storage resident instead (locked, pinned,
-// frozen), the bytes are stolen then, before any other death is drained, as the slow path would
-// have: nothing reads an entry's StorageImpl while its reference is dropped. Memory replaced
-// under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
+// would, when a replay brings the storage back. If the runtime keeps the storage resident
+// instead (locked, pinned, frozen), the bytes are stolen then, before any other death is
+// drained, as the slow path would have: nothing reads an entry's StorageImpl while its reference
+// is dropped. Memory replaced under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
 // entry's weak reference still reaches the program's StorageImpl, which holds other bytes now,
 // so a restore must never find it (seen: share_memory_ then a replay wrote into shared memory).
 void Engine::DropAtDeath(Entry* e, Slot* s) {

@@ -676,19 +676,14 @@ void Runtime::JoinEvicted(StorageId id) {
 }
 
 void Runtime::DropCollectedJoins() {
-  std::erase_if(joins_pending_, [&](StorageId id) {
-    const StorageRecord* r = storages_.Find(id);
-    return r == nullptr || !r->join_pending;
-  });
+  std::erase_if(joins_pending_, [&](StorageId id) { return QueuedJoin(id) == nullptr; });
 }
 
 void Runtime::JoinPendingEvictionsSlow() {
   std::vector<StorageId> ids;
   ids.swap(joins_pending_);
-  for (StorageId id : ids) {
-    const StorageRecord* r = storages_.Find(id);
-    if (r != nullptr && r->join_pending) JoinEvicted(id);
-  }
+  for (StorageId id : ids)
+    if (QueuedJoin(id) != nullptr) JoinEvicted(id);
   ids.clear();
   if (joins_pending_.empty()) joins_pending_.swap(ids);  // keeps the capacity
 }

@@ -59,10 +59,11 @@ double Runtime::EntryNeighborhoodCost(const PoolEntry& e, const PartialScore* bo
 // ops: a cache miss per hop, ~0.8 us a candidate once the records outgrow the cache. So each
 // storage carries `neighbor_evicted`, set on all its neighbors when one is evicted
 // (EvictUnchecked is the only way a storage leaves residence; an evicted neighbor gets it too,
-// for when it comes back; for a storage evicted at its death, at the next search: Note [Joins at
-// the next search], eviction_search.cc) and cleared when a walk finds no evicted neighbor. It is sticky, never
-// wrong when false: a storage only gains a neighbor by an op that reads or writes both, and that
-// op makes both resident first. So a false flag means a neighborhood cost of 0 without a walk.
+// for when it comes back; for a storage evicted at its death, at the next search: Note [Joins
+// at the next search], eviction_search.cc) and cleared when a walk finds no evicted neighbor.
+// It is sticky, never wrong when false: a storage only gains a neighbor by an op that reads or
+// writes both, and that op makes both resident first. So a false flag means a neighborhood cost
+// of 0 without a walk.
 // A pool member's entry mirrors it as PoolEntry::kNeighborEvicted (Note [Candidate table]).
 // CheckInvariants verifies it.
 double Runtime::NeighborhoodCost(StorageId id, const PartialScore* bound, double above, bool* stopped) {

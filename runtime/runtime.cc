@@ -543,8 +543,7 @@ absl::Status Runtime::CheckInvariants() const {
     absl::flat_hash_set<uint64_t> beside_queued;
     absl::flat_hash_set<uint32_t> sets_beside_queued;
     for (StorageId q : joins_pending_) {
-      const StorageRecord* qr = storages_.Find(q);
-      if (qr == nullptr || !qr->join_pending) continue;
+      if (QueuedJoin(q) == nullptr) continue;
       ForEachNeighbor(q, [&](StorageId n) {
         const StorageRecord* nr = storages_.Find(n);
         if (nr == nullptr) return;

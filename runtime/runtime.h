@@ -335,6 +335,11 @@ class Runtime {
   }
   void JoinPendingEvictionsSlow();
   void DropCollectedJoins();  // from joins_pending_
+  // The record of a queue entry still awaiting its join, or null (collected, or joined since).
+  const StorageRecord* QueuedJoin(StorageId id) const {
+    const StorageRecord* r = storages_.Find(id);
+    return r != nullptr && r->join_pending ? r : nullptr;
+  }
   absl::Status InfeasibleError(uint64_t bytes, absl::string_view what) const;
 
   // Rematerialization (Note [Rematerialization]); remat.cc.

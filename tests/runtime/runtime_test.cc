@@ -117,6 +117,14 @@ class RuntimeTest : public ::testing::Test {
     k.y = Op1("y", {x}, 2, 1);
     return k;
   }
+  // dtr, exact search, scores without Note [Thrashing]'s factor (so ScoreWith holds).
+  static RuntimeConfig ExactDtrConfig() {
+    RuntimeConfig config;
+    config.search = SearchMode::kExact;
+    config.heuristic = HeuristicKind::kDtr;
+    config.thrash_damping = 0;
+    return config;
+  }
   // dtr's score of `id` given its evicted neighborhood's cost.
   double ScoreWith(StorageId id, double neighborhood) {
     const StorageRecord& r = *rt_->storage(id);
@@ -394,27 +402,19 @@ TEST_F(RuntimeTest, EagerEvictionEvictsNeededStoragesAndCollectsUnneededOnes) {
 // Note [Joins at the next search]: a storage evicted at its death tells its neighbors only when
 // something would read what it tells them, and a queue that no search drains stays bounded.
 TEST_F(RuntimeTest, EvictionsAtDeathJoinTheirNeighborsAtTheNextSearch) {
-  RuntimeConfig config;
-  config.search = SearchMode::kExact;
-  config.heuristic = HeuristicKind::kDtr;
-  config.thrash_damping = 0;
-  Make(config);
+  Make(ExactDtrConfig());
   StorageId x = Const(1);
   StorageId a = Op1("a", {x}, 2, 1);
   StorageId b = Op1("b", {a}, 2, 8);
   StorageId c = Op1("c", {b}, 2, 4);
-  auto score = [&](StorageId id, double neighborhood) {
-    const StorageRecord& r = *rt_->storage(id);
-    return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
-  };
-  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 0));  // walked and cached: no evicted neighbor
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 0));  // walked and cached: no evicted neighbor
   ASSERT_TRUE(rt_->DropRef(b).ok());               // c still reads b: evicted at its death
   ASSERT_FALSE(Resident(b));
   EXPECT_EQ(rt_->queued_joins(), 1u);
   EXPECT_FALSE(rt_->storage(c)->neighbor_evicted);  // not told yet
   EXPECT_FALSE(rt_->storage(a)->neighbor_evicted);
   Check();  // a queued neighbor stands in for the hint, and c's cached cost awaits the join
-  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 8));  // the search joins first: b's cost counts
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 8));  // the search joins first: b's cost counts
   EXPECT_EQ(rt_->queued_joins(), 0u);
   EXPECT_TRUE(rt_->storage(a)->neighbor_evicted);
   EXPECT_TRUE(rt_->storage(c)->neighbor_evicted);
@@ -447,29 +447,22 @@ TEST_F(RuntimeTest, EvictionsAtDeathJoinTheirNeighborsAtTheNextSearch) {
 // gone stale further away, so storages are joined at their death (found by review: C kept the
 // cost of A alone, 3, and the victim changed).
 TEST_F(RuntimeTest, UnderTheEventCountCacheEvictionsAtDeathJoinAtOnce) {
-  RuntimeConfig config;
-  config.search = SearchMode::kExact;
-  config.heuristic = HeuristicKind::kDtr;
-  config.thrash_damping = 0;
+  RuntimeConfig config = ExactDtrConfig();
   config.neighborhood_cache_events = 8;
   Make(config);
   StorageId x = Const(1);
   StorageId a0 = Op1("a0", {x}, 2, 7);
   StorageId a = Op1("a", {a0}, 2, 3);
   StorageId c = Op1("c", {a}, 2, 1);
-  auto score = [&](StorageId id, double neighborhood) {
-    const StorageRecord& r = *rt_->storage(id);
-    return (r.cost + neighborhood) / (double(r.size) * (rt_->now() - r.last_access + 1));
-  };
   ASSERT_TRUE(rt_->DropRef(a).ok());
-  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 3));  // cached for 8 evictions
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 3));  // cached for 8 evictions
   ASSERT_TRUE(rt_->DropRef(a0).ok());              // two hops away: c's cost may stay stale
   StorageId q = Op1("q", {c}, 2, 1);
   StorageId r = Op1("r", {q}, 2, 1);
   ASSERT_TRUE(rt_->DropRef(q).ok());  // c's neighbor: its join makes c walk again
   EXPECT_EQ(rt_->queued_joins(), 0u);
   ASSERT_TRUE(rt_->DropRef(r).ok());  // r and q collected
-  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), score(c, 3 + 7));
+  EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 3 + 7));
   Check();
 }
 
