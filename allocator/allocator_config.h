@@ -43,6 +43,20 @@ struct AllocatorConfig {
 
   bool unlimited_budget() const { return budget_bytes == kUnlimited; }
 
+  // A segment of its own for every block, rounded to 512 B, with exact reuse under a budget:
+  // dtr's CPU allocator (Note [CPU allocator granularity], hooks/cpu_allocator_adapter.cc).
+  static AllocatorConfig SegmentPerBlock() {
+    AllocatorConfig ac;
+    ac.min_block_size = 512;
+    ac.small_size = 512;
+    ac.small_segment_size = 512;
+    ac.min_large_alloc = 1024;
+    ac.large_segment_size = 1024;
+    ac.large_round = 512;
+    ac.exact_reuse_under_budget = true;
+    return ac;
+  }
+
   // OK, or InvalidArgument naming the first inconsistent knob.
   absl::Status Validate() const;
   // One line, e.g. "AllocatorConfig{budget=1.00 GiB (1073741824 bytes), min_block=512 B, ...}".

@@ -141,7 +141,11 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
 }
 
 CachingAllocator::CachingAllocator(const AllocatorConfig& config, DeviceMemoryBackend* backend)
-    : config_(config), budget_bytes_(config.budget_bytes), sizes_(config), backend_(backend) {}
+    : config_(config),
+      budget_bytes_(config.budget_bytes),
+      sizes_(config),
+      backend_(backend),
+      free_blocks_{FreeBlocks(config.min_block_size), FreeBlocks(config.min_block_size)} {}
 
 absl::Status CachingAllocator::SetBudget(size_t budget_bytes) {
   if (budget_bytes == 0) return absl::InvalidArgumentError("the budget must be positive");
@@ -299,6 +303,7 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
   Attempt attempt;
   if (Block* block = FindFreeBlockLocked(rounded, pool, stream)) {
     ++stats_.num_cache_hits;
+    free_blocks_[static_cast<int>(pool)].erase(block);
     attempt.ptr = HandOutLocked(block, rounded, requested);
     return attempt;
   }
@@ -425,7 +430,6 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
 }
 
 void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t requested) {
-  free_blocks_[static_cast<int>(block->pool)].erase(block);
   const size_t remaining = block->size - rounded;
   if (sizes_.ShouldSplit(block->pool, remaining)) {
     // Note [Eager coalescing]: block->next is not free, so the remainder needs no merging.
@@ -522,7 +526,7 @@ void CachingAllocator::FreeBlockLocked(Block* block) {
   // The block just stopped being active (freed with no pending events, or its last event done).
   stats_.active_bytes.Decrease(static_cast<int64_t>(block->size));
   stats_.active_count.Decrease(1);
-  FreeSet& set = free_blocks_[static_cast<int>(block->pool)];
+  FreeBlocks& set = free_blocks_[static_cast<int>(block->pool)];
   // Note [Eager coalescing].
   if (Block* prev = block->prev; prev != nullptr && prev->is_free()) {
     set.erase(prev);
@@ -717,7 +721,7 @@ EvictionRequest CachingAllocator::MakeRequest(size_t bytes, Stream stream) const
 
 size_t CachingAllocator::LargestFreeBlockLocked() const {
   size_t largest = 0;
-  for (const FreeSet& set : free_blocks_) {
+  for (const FreeBlocks& set : free_blocks_) {
     set.ForEach([&](const Block* block) { largest = std::max(largest, block->size); });
   }
   return largest;
@@ -825,7 +829,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
         return fail("adjacent free blocks ", prev->ptr, " and ", b->ptr, " not coalesced");
       }
       // Note [Free set mirrors free blocks].
-      const FreeSet& set = free_blocks_[static_cast<int>(b->pool)];
+      const FreeBlocks& set = free_blocks_[static_cast<int>(b->pool)];
       const bool in_free_set = set.Contains(b);
       if (b->allocated) {
         if (b->pending_events != 0) return fail("allocated block ", b->ptr, " has events");
@@ -854,6 +858,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
     }
   }
   for (int p = 0; p < kNumPools; ++p) {
+    if (absl::Status s = free_blocks_[p].CheckInvariants(); !s.ok()) return s;
     if (free_blocks_[p].size() != free_blocks_seen[p]) {
       return fail("free set of pool ", p, " holds ", free_blocks_[p].size(), " blocks, segments ",
                   free_blocks_seen[p]);

@@ -1,6 +1,6 @@
 // A device-agnostic caching allocator modelled on PyTorch's CUDACachingAllocator: segments come
 // from a DeviceMemoryBackend, are split into blocks and coalesced again on free; requests are
-// rounded and served best-fit from per-pool free sets ordered by (stream, size, address); blocks
+// rounded and served best-fit from per-pool free sets indexed by stream and size (free_set.h); blocks
 // used on other streams are reused only after those streams' events complete. Unlike PyTorch, the
 // budget is a hard cap on reserved bytes, and requests that do not fit climb a retry ladder that
 // includes asking an EvictionHandler (the DTR runtime) to free tensors:
@@ -14,11 +14,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,6 +25,7 @@
 #include "allocator/allocator_stats.h"
 #include "allocator/device_memory_backend.h"
 #include "allocator/eviction_handler.h"
+#include "allocator/free_set.h"
 #include "allocator/memory_snapshot.h"
 #include "allocator/size_classes.h"
 #include "allocator/stream.h"
@@ -120,6 +119,8 @@ class CachingAllocator {
     Segment* segment = nullptr;
     Block* prev = nullptr;  // neighbours within the segment, in address order
     Block* next = nullptr;
+    Block* free_prev = nullptr;  // the free set's links (FreeSet)
+    Block* free_next = nullptr;
     bool allocated = false;
     int pending_events = 0;
     std::vector<Stream> stream_uses;  // streams other than `stream` recorded via RecordStream
@@ -134,44 +135,8 @@ class CachingAllocator {
     bool releasable = false;  // counted in releasable_bytes_ (Note [Releasable bytes])
     bool OneFreeBlock() const { return head->is_free() && head->next == nullptr; }
   };
-  // A pool's free blocks, ordered by (stream, size, address) as in PyTorch's BlockComparator.
-  // A B-tree: a block freed or handed out moves no node to or from the heap, as a std::set's
-  // would on every allocation. The order's key is kept beside each block pointer, so a search
-  // compares integers in the node it reads instead of loading every block it passes through a
-  // comparator call (the free sets' B-tree work was about 1.3k instructions an op on the TreeLSTM
-  // with a set of Block* ordered that way: bench/results/runtime.md, stop 47).
-  // A block's key fields (stream, size, ptr) must not change while it is in the set.
-  class FreeSet {
-   public:
-    void insert(Block* b) { blocks_.emplace(KeyOf(*b), b); }
-    void erase(const Block* b) { blocks_.erase(KeyOf(*b)); }
-    bool Contains(const Block* b) const {
-      auto it = blocks_.find(KeyOf(*b));
-      return it != blocks_.end() && it->second == b;
-    }
-    size_t size() const { return blocks_.size(); }
-    // The smallest block of `stream` with at least `size` bytes, or null.
-    Block* SmallestFitting(Stream stream, size_t size) const {
-      auto it = blocks_.lower_bound(Key{stream.id, size, 0});
-      return it == blocks_.end() || it->first.stream != stream.id ? nullptr : it->second;
-    }
-    template <typename Fn>
-    void ForEach(Fn&& fn) const {
-      for (const auto& [key, block] : blocks_) fn(block);
-    }
-
-   private:
-    struct Key {
-      uint64_t stream;
-      size_t size;
-      uintptr_t ptr;
-      friend bool operator<(const Key& a, const Key& b) {
-        return std::tie(a.stream, a.size, a.ptr) < std::tie(b.stream, b.size, b.ptr);
-      }
-    };
-    static Key KeyOf(const Block& b) { return Key{b.stream.id, b.size, b.ptr}; }
-    absl::btree_map<Key, Block*> blocks_;
-  };
+  // A pool's free blocks, indexed for best fit (Note [Binned free blocks], free_set.h).
+  using FreeBlocks = FreeSet<Block>;
   struct PendingEvent {
     EventHandle event;
     Block* block;
@@ -190,6 +155,7 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* GrowLocked(size_t rounded, Pool pool, Stream stream, absl::Status* backend_error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `block` is free and in no free set (a caller takes a cached one out first).
   void* HandOutLocked(Block* block, size_t rounded, size_t requested)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -234,7 +200,7 @@ class CachingAllocator {
   mutable std::mutex mu_;
   EvictionHandler* handler_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<uintptr_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
-  FreeSet free_blocks_[kNumPools] ABSL_GUARDED_BY(mu_);
+  FreeBlocks free_blocks_[kNumPools] ABSL_GUARDED_BY(mu_);
   // Open addressing: an allocation adds no node to the heap (the unordered_map it replaced did).
   absl::flat_hash_map<uintptr_t, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);

@@ -1,8 +1,9 @@
 // Google Benchmarks for the caching allocator: allocate/free round trips replaying a fixed-seed
 // trace of realistic tensor sizes (512 B .. 64 MiB) and lifetimes, on the host backend versus
-// glibc malloc/free in the same run (ratio printed at the end), the fragmentation figure
-// (peak reserved / peak allocated) of that trace, and bytes evicted beyond the request by the two
-// eviction strategies on a fragmented heap.
+// glibc malloc/free in the same run (ratios printed at the end), the same for a trace of small
+// tensors (512 B .. 64 KiB: a TreeLSTM's or an LSTM's) under dtr's CPU configuration (a segment
+// per tensor), the fragmentation figure (peak reserved / peak allocated) of both traces, and bytes
+// evicted beyond the request by the two eviction strategies on a fragmented heap.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -33,9 +34,12 @@ struct TraceOp {
   size_t size;
 };
 
+enum class TraceKind { kMixed, kSmallTensors };
+
 // A training-step-like trace: mostly short-lived activations and temporaries, some long-lived
-// parameters/optimizer state, sizes log-uniform within buckets weighted towards small tensors.
-std::vector<TraceOp> MakeTrace(uint64_t seed, int allocations) {
+// parameters/optimizer state, sizes log-uniform within buckets weighted towards small tensors
+// (kMixed), or all of them 512 B .. 64 KiB (kSmallTensors).
+std::vector<TraceOp> MakeTrace(uint64_t seed, int allocations, TraceKind kind) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   auto log_uniform = [&](double lo, double hi) {
@@ -52,7 +56,9 @@ std::vector<TraceOp> MakeTrace(uint64_t seed, int allocations) {
     }
     const double bucket = unit(rng);
     size_t size;
-    if (bucket < 0.50) {
+    if (kind == TraceKind::kSmallTensors) {
+      size = log_uniform(512, 64 * kKiB);
+    } else if (bucket < 0.50) {
       size = log_uniform(512, 64 * kKiB);
     } else if (bucket < 0.85) {
       size = log_uniform(64 * kKiB, 4 * kMiB);
@@ -76,19 +82,21 @@ std::vector<TraceOp> MakeTrace(uint64_t seed, int allocations) {
   return trace;
 }
 
-const std::vector<TraceOp>& Trace() {
-  static const std::vector<TraceOp>* trace = new std::vector<TraceOp>(MakeTrace(42, 20000));
-  return *trace;
+const std::vector<TraceOp>& Trace(TraceKind kind = TraceKind::kMixed) {
+  static const std::vector<TraceOp>* mixed = new std::vector<TraceOp>(MakeTrace(42, 20000, TraceKind::kMixed));
+  static const std::vector<TraceOp>* small =
+      new std::vector<TraceOp>(MakeTrace(42, 20000, TraceKind::kSmallTensors));
+  return kind == TraceKind::kMixed ? *mixed : *small;
 }
 
-size_t NumIds() {
+size_t NumIds(TraceKind kind = TraceKind::kMixed) {
   size_t ids = 0;
-  for (const TraceOp& op : Trace()) ids = std::max<size_t>(ids, op.id + 1);
+  for (const TraceOp& op : Trace(kind)) ids = std::max<size_t>(ids, op.id + 1);
   return ids;
 }
 
-void ReplayCaching(CachingAllocator& allocator, std::vector<void*>& slots) {
-  for (const TraceOp& op : Trace()) {
+void ReplayCaching(CachingAllocator& allocator, std::vector<void*>& slots, TraceKind kind = TraceKind::kMixed) {
+  for (const TraceOp& op : Trace(kind)) {
     if (op.allocate) {
       absl::StatusOr<void*> p = allocator.Allocate(op.size);
       if (!p.ok()) std::abort();
@@ -99,8 +107,8 @@ void ReplayCaching(CachingAllocator& allocator, std::vector<void*>& slots) {
   }
 }
 
-void ReplayMalloc(std::vector<void*>& slots) {
-  for (const TraceOp& op : Trace()) {
+void ReplayMalloc(std::vector<void*>& slots, TraceKind kind = TraceKind::kMixed) {
+  for (const TraceOp& op : Trace(kind)) {
     if (op.allocate) {
       slots[op.id] = std::malloc(op.size);
       benchmark::DoNotOptimize(slots[op.id]);
@@ -138,38 +146,51 @@ void BM_RoundTrip_GlibcMalloc(benchmark::State& state) {
 }
 BENCHMARK(BM_RoundTrip_GlibcMalloc)->Unit(benchmark::kMillisecond);
 
-// Side-by-side timing in one process, alternating, for the printed ratio.
-void PrintRoundTripRatio() {
+void BM_RoundTrip_SmallTensorsSegmentPerTensor(benchmark::State& state) {
   HostBackend backend;
-  auto allocator = MakeHostAllocator(backend);
-  std::vector<void*> slots(NumIds());
-  ReplayCaching(*allocator, slots);
-  ReplayMalloc(slots);
+  auto allocator = std::move(*CachingAllocator::Create(AllocatorConfig::SegmentPerBlock(), &backend));
+  std::vector<void*> slots(NumIds(TraceKind::kSmallTensors));
+  ReplayCaching(*allocator, slots, TraceKind::kSmallTensors);
+  for (auto _ : state) ReplayCaching(*allocator, slots, TraceKind::kSmallTensors);
+  state.counters["ns_per_op"] = benchmark::Counter(
+      double(state.iterations()) * double(Trace(TraceKind::kSmallTensors).size()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_RoundTrip_SmallTensorsSegmentPerTensor)->Unit(benchmark::kMillisecond);
+
+// Side-by-side timing in one process, alternating, for the printed ratio.
+void PrintRoundTripRatio(TraceKind kind, const AllocatorConfig& config, const char* what) {
+  HostBackend backend;
+  auto allocator = std::move(*CachingAllocator::Create(config, &backend));
+  std::vector<void*> slots(NumIds(kind));
+  ReplayCaching(*allocator, slots, kind);
+  ReplayMalloc(slots, kind);
   double caching_s = 0, malloc_s = 0;
   using Clock = std::chrono::steady_clock;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = Clock::now();
-    ReplayCaching(*allocator, slots);
+    ReplayCaching(*allocator, slots, kind);
     auto t1 = Clock::now();
-    ReplayMalloc(slots);
+    ReplayMalloc(slots, kind);
     auto t2 = Clock::now();
     caching_s += std::chrono::duration<double>(t1 - t0).count();
     malloc_s += std::chrono::duration<double>(t2 - t1).count();
   }
-  const double ops = 5.0 * double(Trace().size());
-  std::printf("round trip (%zu ops/replay): caching allocator (host) %.1f ns/op, glibc malloc/free "
+  const double ops = 5.0 * double(Trace(kind).size());
+  std::printf("round trip, %s (%zu ops/replay): caching allocator (host) %.1f ns/op, glibc malloc/free "
               "%.1f ns/op, ratio caching/malloc = %.2f\n",
-              Trace().size(), caching_s / ops * 1e9, malloc_s / ops * 1e9, caching_s / malloc_s);
+              what, Trace(kind).size(), caching_s / ops * 1e9, malloc_s / ops * 1e9, caching_s / malloc_s);
 }
 
-void PrintFragmentation() {
+void PrintFragmentation(TraceKind kind, const AllocatorConfig& config, const char* what) {
   FakeBackend backend;
-  auto allocator = std::move(*CachingAllocator::Create(AllocatorConfig{}, &backend));
-  std::vector<void*> slots(NumIds());
-  ReplayCaching(*allocator, slots);
+  auto allocator = std::move(*CachingAllocator::Create(config, &backend));
+  std::vector<void*> slots(NumIds(kind));
+  ReplayCaching(*allocator, slots, kind);
   const AllocatorStats stats = allocator->GetStats();
-  std::printf("fragmentation on the replayed trace: peak reserved %.1f MiB / peak allocated %.1f "
+  std::printf("fragmentation, %s: peak reserved %.1f MiB / peak allocated %.1f "
               "MiB = %.3f (peak requested %.1f MiB, rounding overhead %.3f)\n",
+              what,
               stats.reserved_bytes.peak / double(kMiB), stats.allocated_bytes.peak / double(kMiB),
               double(stats.reserved_bytes.peak) / double(stats.allocated_bytes.peak),
               stats.requested_bytes.peak / double(kMiB),
@@ -195,8 +216,13 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  dtr::alloc::PrintRoundTripRatio();
-  dtr::alloc::PrintFragmentation();
+  using dtr::alloc::TraceKind;
+  const char* mixed = "mixed trace, default config";
+  const char* small = "small tensors, a segment per tensor (dtr's CPU config)";
+  dtr::alloc::PrintRoundTripRatio(TraceKind::kMixed, dtr::alloc::AllocatorConfig{}, mixed);
+  dtr::alloc::PrintRoundTripRatio(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(), small);
+  dtr::alloc::PrintFragmentation(TraceKind::kMixed, dtr::alloc::AllocatorConfig{}, mixed);
+  dtr::alloc::PrintFragmentation(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(), small);
   dtr::alloc::PrintEvictionComparison();
   return 0;
 }

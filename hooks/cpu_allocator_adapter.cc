@@ -32,7 +32,7 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
 }
 
 alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
-  alloc::AllocatorConfig ac;
+  alloc::AllocatorConfig ac = alloc::AllocatorConfig::SegmentPerBlock();
   ac.budget_bytes = cfg.unlimited() ? alloc::AllocatorConfig::kUnlimited : size_t(cfg.budget_bytes);
   ac.enable_eviction = cfg.evict;
   // Note [CPU allocator granularity]
@@ -44,13 +44,7 @@ alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
   // segments are cached for reuse; under a budget a cached segment serves only a request of its
   // own size (Note [Exact reuse under a budget], allocator/caching_allocator.cc), since
   // splitting it would leave a remnant that cannot be released while its neighbour lives.
-  ac.min_block_size = 512;
-  ac.small_size = 512;
-  ac.small_segment_size = 512;
-  ac.min_large_alloc = 1024;
-  ac.large_segment_size = 1024;
-  ac.large_round = 512;
-  ac.exact_reuse_under_budget = true;
+  // AllocatorConfig::SegmentPerBlock() holds these values.
   return ac;
 }
 

@@ -18,6 +18,15 @@ TEST(AllocatorConfigTest, DefaultsMirrorPyTorchAndValidate) {
   EXPECT_TRUE(config.unlimited_budget());
 }
 
+TEST(AllocatorConfigTest, SegmentPerBlockGivesEveryBlockItsOwnSegment) {
+  const AllocatorConfig ac = AllocatorConfig::SegmentPerBlock();
+  EXPECT_TRUE(ac.Validate().ok()) << ac.Validate();
+  EXPECT_EQ(ac.small_segment_size, ac.small_size);  // a small block fills its segment
+  EXPECT_EQ(ac.large_round, ac.min_block_size);     // a large one is its segment, to 512 B
+  EXPECT_TRUE(ac.exact_reuse_under_budget);
+  EXPECT_TRUE(ac.unlimited_budget());
+}
+
 TEST(AllocatorConfigTest, RejectsInconsistentKnobs) {
   auto invalid = [](auto mutate) {
     AllocatorConfig config;
