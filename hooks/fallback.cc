@@ -117,7 +117,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const absl::InlinedVector<c10::IValue, 8> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
   auto it = infos_.find(&schema);
-  if (it == infos_.end()) it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
+  if (it == infos_.end()) {
+    it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
+    it->second.interned_name = rt_->InternName(it->second.name);
+  }
   if (it->second.kind == Kind::kPassthrough) return pass();
   // Note [Communication is never replayed]: on a communication backend's worker thread nothing
   // is recorded.
@@ -299,7 +302,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     double cost = 0;
     std::exception_ptr err;
     const bool replayable = rr != nullptr;
-    Runtime::MutateCall mc{info.name, in_sids, written, replayable, reinterpret_cast<uint64_t>(rr)};
+    Runtime::MutateCall mc{info.interned_name, in_sids, written, replayable, reinterpret_cast<uint64_t>(rr)};
+    mc.name_interned = true;
     mc.invalidate_readers = cfg_.rule_enabled(2);
     mc.backward = backward;
     // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
@@ -527,7 +531,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   }
   absl::InlinedVector<uint64_t, 2> sizes;
   for (const auto& o : outs) sizes.push_back(o.nbytes);
-  Runtime::OpCall call{info.name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
+  Runtime::OpCall call{info.interned_name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
+  call.name_interned = true;
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
   call.backward = backward;
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });

@@ -12,6 +12,8 @@
 
 #include <ATen/core/function_schema.h>
 
+#include "absl/strings/string_view.h"
+
 namespace dtr::hooks {
 
 enum class Kind {
@@ -37,6 +39,7 @@ struct OpInfo {
   // native_batch_norm], fallback.cc): decided here, not by comparing names on every op.
   bool batch_norm = false;
   std::string name;
+  absl::string_view interned_name;  // the runtime's copy of name (Runtime::InternName)
   // Note [Unevictable memory by reason] (hooks/memory_report.cc): its interned "written in place
   // by" reason, once it wrote a storage it could not record.
   uint16_t writer_reason = 0;

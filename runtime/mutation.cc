@@ -73,7 +73,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     // restarts here.
     if (overwrites) ClearRecipe(m);
     OpRecord op;
-    op.name = InternName(call.name);
+    op.name = call.name_interned ? call.name : InternName(call.name);
     for (StorageId in : inputs)
       if (in != m) op.inputs.push_back(in);
     op.outputs.push_back(m);

@@ -239,7 +239,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
 
   if (call.replayable && !outputs.empty()) {
     OpRecord op;
-    op.name = InternName(call.name);
+    op.name = call.name_interned ? call.name : InternName(call.name);
     op.inputs.assign(inputs.begin(), inputs.end());
     op.outputs.assign(outputs.begin(), outputs.end());
     op.output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());

@@ -63,7 +63,11 @@ class Runtime {
     // The op ran in a backward pass (the autograd engine's, in torch): Note [Results of the
     // backward pass], eviction_search.cc.
     bool backward = false;
+    bool name_interned = false;  // `name` came from InternName: no lookup
   };
+  // The runtime's one copy of an op name (op records keep it), for the runtime's life. A caller
+  // that passes it back as a call's name with name_interned set saves a hash lookup an op.
+  absl::string_view InternName(absl::string_view name);
   // Runs one op that creates new storages: rematerializes and locks its inputs, makes room for
   // its outputs, calls `execute` with the new output ids (it returns the measured cost), then
   // records the outputs, each holding one external reference.
@@ -90,6 +94,7 @@ class Runtime {
     bool* recorded = nullptr;
     uint64_t scratch_bytes = 0;  // as OpCall::scratch_bytes
     bool backward = false;        // as OpCall::backward
+    bool name_interned = false;   // as OpCall::name_interned
   };
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
@@ -189,7 +194,6 @@ class Runtime {
   absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
-  absl::string_view InternName(absl::string_view name);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   void Lock(StorageId id);
   void Unlock(StorageId id);

@@ -496,6 +496,39 @@ TEST_F(RuntimeTest, BanishingWaitsForEvictedDependents) {
   Check();
 }
 
+// A name InternName returned is recorded as it is when the call says so; any other is looked up
+// and copied, so the caller's string may die after the call.
+TEST_F(RuntimeTest, OpNamesAreInternedOnceAndPassedBackWithoutALookup) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  const absl::string_view add = rt_->InternName(std::string("aten::add"));
+  EXPECT_EQ(rt_->InternName("aten::add").data(), add.data());
+  Runtime::OpCall call{add, {&x, 1}, {}, true, 0};
+  const uint64_t sizes[] = {8};
+  call.output_sizes = sizes;
+  call.name_interned = true;
+  auto run = [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; };
+  auto a = rt_->Compute(call, run);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[0])->name.data(), add.data());
+  std::string transient = "aten::mul";
+  call.name = transient;
+  call.name_interned = false;
+  auto b = rt_->Compute(call, run);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const absl::string_view recorded = rt_->op(rt_->storage((*b)[0])->recipe[0])->name;
+  EXPECT_NE(recorded.data(), transient.data());
+  transient.assign("xxxxxxxxx");
+  EXPECT_EQ(recorded, "aten::mul");
+  EXPECT_EQ(rt_->InternName("aten::mul").data(), recorded.data());
+  StorageId written[] = {(*a)[0]};
+  Runtime::MutateCall mc{rt_->InternName("aten::relu_"), written, written, true, 0};
+  mc.name_interned = true;
+  ASSERT_TRUE(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(rt_->op(rt_->storage((*a)[0])->recipe[1])->name.data(), rt_->InternName("aten::relu_").data());
+  Check();
+}
+
 TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
   Make(kUnlimitedBudget);
   StorageId x = Const(4);
@@ -1490,7 +1523,9 @@ TEST_F(PendingReadsTest, AReadEndsWhenItsOpReplays) {
     return -1;
   };
   ASSERT_GE(released_at(graph.l), 0) << "l, read by no listed op after s, is evicted";
-  if (released_at(h) >= 0) EXPECT_GT(released_at(h), released_at(graph.l)) << "l goes before the fresh h";
+  if (released_at(h) >= 0) {
+    EXPECT_GT(released_at(h), released_at(graph.l)) << "l goes before the fresh h";
+  }
 }
 
 // Note [Results of the backward pass]: of two storages alike but for when they were last used,
