@@ -106,7 +106,7 @@ TEST(ParseEnvConfig, Factors) {
     std::vector<std::pair<const char*, double>> good;
     std::vector<const char*> bad;
   };
-  for (const Factor& k : {Factor{"DTR_MAX_RECOMPUTE", "max_recompute=", &DtrEnvConfig::max_recompute_ratio, 50,
+  for (const Factor& k : {Factor{"DTR_MAX_RECOMPUTE", "max_recompute=", &DtrEnvConfig::max_recompute_ratio, RuntimeConfig{}.max_recompute_ratio,
                                  {{"20", 20}, {"0", 0}, {"7.5", 7.5}}, {"-1", "x", "inf", "nan", ""}},
                           Factor{"DTR_BACKWARD_PROTECTION", "backward_protection=", &DtrEnvConfig::backward_protection,
                                  RuntimeConfig{}.backward_protection, {{"1", 1}, {"30", 30}, {"2.5", 2.5}},

@@ -176,7 +176,12 @@ TEST_F(RuntimeTest, EvictsUnderBudgetAndRematerializesOnAccess) {
 }
 
 TEST_F(RuntimeTest, RematerializesLongEvictedChainsWithoutRecursion) {
-  MakeWithMaxDepth(1 << 20);  // Note [Bounded replay chains] would cut this chain
+  RuntimeConfig config;
+  config.search = SearchMode::kExact;
+  config.max_replay_depth = 1 << 20;  // Note [Bounded replay chains] would cut this chain
+  // One access replays 100,000 ops, 17 times the window of Note [Recomputation limit].
+  config.max_recompute_ratio = 0;
+  Make(config);
   constexpr int kDepth = 100000;
   std::vector<StorageId> chain = {Const(1)};
   uint64_t size = 1;

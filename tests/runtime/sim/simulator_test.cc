@@ -106,7 +106,9 @@ TEST(Simulator, CuttingLosingWalksKeepsEveryDecision) {
             EXPECT_EQ(cut->stats.eviction_searches, full->stats.eviction_searches) << what;
             // Under a cache a cut walk may be walked again in full later, where the full walk
             // was reused: only walking every time compares visits.
-            if (cache == 0) EXPECT_LE(cut->stats.neighborhood_visits, full->stats.neighborhood_visits) << what;
+            if (cache == 0) {
+              EXPECT_LE(cut->stats.neighborhood_visits, full->stats.neighborhood_visits) << what;
+            }
             if (full->stats.rematerializations > 0) ++compared;
           }
         }
