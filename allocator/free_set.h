@@ -57,15 +57,19 @@ class FreeSet {
   FreeSet(const FreeSet&) = delete;
   FreeSet& operator=(const FreeSet&) = delete;
 
+  // Inserting a block already in the set, or erasing one that is not, changes nothing (as for
+  // an ordered set): a binned block is in the set exactly when it has a predecessor or heads
+  // its bin, since erase clears its links.
   void insert(Block* b) {
-    ++size_;
     if (b->size > max_binned_) {
-      large_.emplace(KeyOf(*b), b);
+      if (large_.emplace(KeyOf(*b), b).second) ++size_;
       return;
     }
     Bins& bins = BinsFor(b->stream.id);
     const size_t bin = BinOf(b->size);
     Block*& head = bins.heads[bin];
+    if (b->free_prev != nullptr || head == b) return;
+    ++size_;
     b->free_prev = nullptr;
     b->free_next = head;
     if (head != nullptr) head->free_prev = b;
@@ -75,25 +79,26 @@ class FreeSet {
   }
 
   void erase(Block* b) {
-    --size_;
     if (b->size > max_binned_) {
-      large_.erase(KeyOf(*b));
+      size_ -= large_.erase(KeyOf(*b));
       return;
     }
-    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
     if (b->free_prev != nullptr) {
       b->free_prev->free_next = b->free_next;
     } else {
-      Bins& bins = BinsFor(b->stream.id);
+      Bins* bins = FindBins(b->stream.id);
       const size_t bin = BinOf(b->size);
-      bins.heads[bin] = b->free_next;
+      if (bins == nullptr || bins->heads[bin] != b) return;  // not in the set
+      bins->heads[bin] = b->free_next;
       if (b->free_next == nullptr) {
-        uint64_t& word = bins.words[bin / 64];
+        uint64_t& word = bins->words[bin / 64];
         word &= ~(uint64_t{1} << (bin % 64));
-        if (word == 0) bins.summary &= ~(uint64_t{1} << (bin / 64));
+        if (word == 0) bins->summary &= ~(uint64_t{1} << (bin / 64));
       }
     }
+    if (b->free_next != nullptr) b->free_next->free_prev = b->free_prev;
     b->free_prev = b->free_next = nullptr;
+    --size_;
   }
 
   // Walks the block's bin: for invariant checks.
@@ -186,14 +191,14 @@ class FreeSet {
   static Key KeyOf(const Block& b) { return Key{b.stream.id, b.size, b.ptr}; }
   size_t BinOf(size_t size) const { return size / granularity_ - 1; }
 
-  const Bins* FindBins(uint64_t stream) const {
+  Bins* FindBins(uint64_t stream) const {
     if (last_ != nullptr && last_->stream == stream) return last_;
     for (const auto& bins : bins_)  // one stream almost always, a few at most
       if (bins->stream == stream) return last_ = bins.get();
     return nullptr;
   }
   Bins& BinsFor(uint64_t stream) {
-    if (const Bins* found = FindBins(stream)) return *const_cast<Bins*>(found);
+    if (Bins* found = FindBins(stream)) return *found;
     return *bins_.emplace_back(std::make_unique<Bins>(stream));
   }
   template <typename... Args>

@@ -154,6 +154,28 @@ TEST_F(FreeSetTest, RandomSequenceMatchesBruteForceBestFit) {
   ASSERT_TRUE(set_.CheckInvariants().ok()) << set_.CheckInvariants();
 }
 
+// As with the ordered set it replaced: a second insert and an erase of a block not in the set
+// change nothing.
+TEST_F(FreeSetTest, InsertingTwiceOrErasingAnAbsentBlockChangesNothing) {
+  TestBlock* a = Make(2 * kGranule);
+  TestBlock* b = Make(2 * kGranule);
+  TestBlock* huge = Make(kMaxBinned + kGranule);
+  TestBlock* absent = Make(2 * kGranule);
+  TestBlock* absent_huge = Make(kMaxBinned + kGranule);
+  for (TestBlock* x : {a, b, huge}) set_.insert(x);
+  for (TestBlock* x : {a, b, huge}) set_.insert(x);  // b heads its bin, a follows it
+  set_.erase(absent);
+  set_.erase(absent_huge);
+  EXPECT_EQ(set_.size(), 3u);
+  ASSERT_TRUE(set_.CheckInvariants().ok()) << set_.CheckInvariants();
+  EXPECT_EQ(set_.SmallestFitting(Stream{0}, kGranule), b);
+  set_.erase(b);
+  set_.erase(b);
+  EXPECT_EQ(set_.SmallestFitting(Stream{0}, kGranule), a);
+  EXPECT_EQ(set_.size(), 2u);
+  ASSERT_TRUE(set_.CheckInvariants().ok()) << set_.CheckInvariants();
+}
+
 TEST_F(FreeSetTest, CheckInvariantsCatchesABrokenLink) {
   TestBlock* a = Make(3 * kGranule);
   TestBlock* b = Make(3 * kGranule);
