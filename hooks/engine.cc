@@ -413,9 +413,10 @@ bool Engine::OnSlotDeletedLocked(Slot* s) {
 // would, when a replay brings the storage back. If the runtime keeps the storage resident
 // instead (locked, pinned, frozen), the bytes are stolen then, before any other death is
 // drained, as the slow path would have: nothing reads an entry's StorageImpl while its reference
-// is dropped. Memory replaced under a live storage (Note [Memory replaced under a live storage]) keeps the slow path: the
-// entry's weak reference still reaches the program's StorageImpl, which holds other bytes now,
-// so a restore must never find it (seen: share_memory_ then a replay wrote into shared memory).
+// is dropped. Memory replaced under a live storage (Note [Memory replaced under a live
+// storage]) keeps the slow path: the entry's weak reference still reaches the program's
+// StorageImpl, which holds other bytes now, so a restore must never find it (seen:
+// share_memory_ then a replay wrote into shared memory).
 void Engine::DropAtDeath(Entry* e, Slot* s) {
   e->dead = true;
   e->dead_device = s->cuda_device;
