@@ -43,6 +43,7 @@ absl::Status Engine::Init() {
   rc.max_recompute_ratio = cfg_.max_recompute_ratio;
   rc.neighborhood_cache_events = cfg_.neighborhood_cache_events;
   rc.exhaustive_pool = cfg_.exhaustive_pool;
+  rc.neighborhood_walk_limit = cfg_.neighborhood_walk_limit;
   rc.backward_protection = cfg_.backward_protection;
   auto rt = Runtime::Create(rc, this);
   if (!rt.ok()) return rt.status();

@@ -25,6 +25,7 @@ const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLO
                               "DTR_SEARCH",     "DTR_STATS_FILE", "DTR_TRACE_FILE",
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
                               "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
+                              "DTR_NEIGHBORHOOD_WALK_LIMIT",
                               "DTR_BACKWARD_PROTECTION", "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
@@ -76,6 +77,7 @@ std::string DtrEnvConfig::ToString() const {
                       "', trace_file='", trace_file, "', verbose=", verbose,
                       ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
                       ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
+                      ", neighborhood_walk_limit=", neighborhood_walk_limit,
                       ", backward_protection=", backward_protection,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
@@ -172,6 +174,9 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
            Count{"DTR_EXHAUSTIVE_POOL", 0,
                  "the most evictable storages a sampled search scores all of (default 256; 0: always sample)",
                  &c.exhaustive_pool},
+           Count{"DTR_NEIGHBORHOOD_WALK_LIMIT", 0,
+                 "the most evicted storages a neighborhood walk sums in each direction (default 64; 0: no limit)",
+                 &c.neighborhood_walk_limit},
        })
     if (absl::Status s = ParseCount(getenv_fn, k.var, k.least, k.what, k.field); !s.ok()) return s;
   if (const char* v = getenv_fn("DTR_NEIGHBORHOOD_CACHE")) {

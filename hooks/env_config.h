@@ -75,6 +75,8 @@ struct DtrEnvConfig {
   double backward_protection = RuntimeConfig{}.backward_protection;
   uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // exact; 0: none
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
+  // Note [Bounded neighborhood walks] (runtime/neighborhoods.cc); 0: unbounded.
+  uint32_t neighborhood_walk_limit = RuntimeConfig{}.neighborhood_walk_limit;
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
   bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }

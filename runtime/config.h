@@ -54,7 +54,7 @@ struct RuntimeConfig {
   uint32_t exhaustive_pool = 256;
   // dtr's and msps's neighborhood walks stop after this many evicted storages (0: no limit):
   // Note [Bounded neighborhood walks] (neighborhoods.cc).
-  uint32_t neighborhood_walk_limit = 256;
+  uint32_t neighborhood_walk_limit = 64;
   // A victim search stops a candidate's walk once its score cannot win (Note [Bounded victim
   // search], eviction_search.cc): the same decisions for fewer visits. false walks every
   // candidate in full, for the tests and experiments that compare the two.

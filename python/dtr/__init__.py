@@ -42,6 +42,7 @@ OPTIONS = {
     "max_recompute": "DTR_MAX_RECOMPUTE",
     "neighborhood_cache": "DTR_NEIGHBORHOOD_CACHE",
     "exhaustive_pool": "DTR_EXHAUSTIVE_POOL",
+    "neighborhood_walk_limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "backward_protection": "DTR_BACKWARD_PROTECTION",
 }
 

@@ -26,6 +26,7 @@ CLI_OPTIONS = {
     "--max-recompute": "DTR_MAX_RECOMPUTE",
     "--neighborhood-cache": "DTR_NEIGHBORHOOD_CACHE",
     "--exhaustive-pool": "DTR_EXHAUSTIVE_POOL",
+    "--neighborhood-walk-limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "--backward-protection": "DTR_BACKWARD_PROTECTION",
 }
 

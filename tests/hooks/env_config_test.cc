@@ -139,7 +139,9 @@ TEST(ParseEnvConfig, CountsThatMayBeZero) {
   for (const Count& k : {Count{"DTR_NEIGHBORHOOD_CACHE", "neighborhood_cache=", &DtrEnvConfig::neighborhood_cache_events,
                                RuntimeConfig{}.neighborhood_cache_events},
                          Count{"DTR_EXHAUSTIVE_POOL", "exhaustive_pool=", &DtrEnvConfig::exhaustive_pool,
-                               RuntimeConfig{}.exhaustive_pool}}) {
+                               RuntimeConfig{}.exhaustive_pool},
+                         Count{"DTR_NEIGHBORHOOD_WALK_LIMIT", "neighborhood_walk_limit=",
+                               &DtrEnvConfig::neighborhood_walk_limit, RuntimeConfig{}.neighborhood_walk_limit}}) {
     EXPECT_EQ((*FakeEnv{}.Parse()).*k.field, k.default_value) << k.var;
     for (auto [text, value] : {std::pair<const char*, uint32_t>{"0", 0}, {"16", 16}, {"1024", 1024}}) {
       auto c = FakeEnv{{{k.var, text}}}.Parse();

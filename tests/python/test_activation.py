@@ -197,6 +197,10 @@ def test_info_prints_versions_features_and_configuration():
     assert "CPU adapter: compiled" in out
     assert ("CUDA adapter: compiled" if torch.version.cuda else "CUDA adapter: not compiled") in out
     assert "budget=6.00 GiB" in out and "device=auto" in out and "cuda_allocator=native" in out
+    # Note [Bounded neighborhood walks]: the default, and the launcher's option reaching the library.
+    assert "neighborhood_walk_limit=64" in out
+    r = sh([PY, "-m", "dtr", "--neighborhood-walk-limit", "0", "--info"])
+    assert r.returncode == 0 and "neighborhood_walk_limit=0," in r.stdout, (r.stdout, r.stderr)
 
 
 def test_cuda_options_without_a_gpu_are_clear_errors():

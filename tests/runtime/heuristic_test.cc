@@ -47,7 +47,7 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   config = RuntimeConfig{};
   EXPECT_NE(config.ToString().find("max_samples=64"), std::string::npos);
   EXPECT_NE(config.ToString().find("exhaustive_pool=256"), std::string::npos);
-  EXPECT_NE(config.ToString().find("neighborhood_walk_limit=256"), std::string::npos);
+  EXPECT_NE(config.ToString().find("neighborhood_walk_limit=64"), std::string::npos);
   config.max_samples = config.min_samples - 1;  // a cap below the floor: the floor wins
   EXPECT_TRUE(config.Validate().ok());
   config.max_samples = 0;  // no cap
