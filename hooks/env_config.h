@@ -24,6 +24,9 @@
 //                   evictions and rematerializations; 0: walk every time
 //   DTR_EXHAUSTIVE_POOL  the most evictable storages a sampled search scores all of (default 256;
 //                   0: always sample): Note [Small pools are searched whole]
+//   DTR_NEIGHBORHOOD_WALK_LIMIT  the most evicted storages a dtr or msps neighborhood walk sums on
+//                   each side of a candidate (default 64; 0: no limit): Note [Bounded
+//                   neighborhood walks], runtime/neighborhoods.cc
 //   DTR_BACKWARD_PROTECTION  a number >= 1 (default 10; 1: none): Note [Results of the backward
 //                   pass], runtime/eviction_search.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each

@@ -196,18 +196,19 @@ double Runtime::WalkNeighborhood(StorageId id, const PartialScore* bound, double
 // of simulation against dtr-eq's 0.5 s). Each walk (each direction) therefore stops after
 // neighborhood_walk_limit evicted storages (29.2M visits with 256, 1.9 s, same compute ratio):
 // it underestimates only the largest neighborhoods, whose candidates score badly anyway. At stop
-// 31, on the seven benchmark traces (bench/results/activations.md), 256 gave the unbounded walk's
+// 27, on the seven benchmark traces (bench/results/activations.md), 256 gave the unbounded walk's
 // median compute ratios on ResNet, Transformer, UNet and the chain, and stayed within the
-// seed-to-seed spread on the others; a limit of 32 lost up to 4x on the TreeLSTM at r = 0.3.
+// seed-to-seed spread on the others; a limit of 32 lost up to 4x on the TreeLSTM at r = 0.3, and
+// at stop 28 one of 64 cost 8.85x there against 2.22x.
 // Stop 53: the default is 64. The search has changed since (exact cache, cut walks, whole small
 // pools, the backward pass's protection). On activations.md's regenerated traces, 64 against
-// 256 moves a cell by more than 0.03x only to cost less (the TreeLSTM at r = 0.25 1.50x against
-// 1.93x, at 0.2 2.11x against 2.47x, the LSTM at 0.4 1.42x against 1.58x, the chain at 0.1 2.40x
-// against 2.54x: 17 cells), except at the TreeLSTM's thrash (0.15: 30.8x against 12.2x; 0.175,
-// off the table's grid, 5.04x against 3.14x); ResNet at 0.3 is 3.39x against 3.36x. Next to the
-// floors it is a trade: an underestimated neighborhood is evicted sooner, which pays off until
-// the region it borders is most of what is evicted (on a second set of traces DenseNet at 0.25
-// 2.07x against 1.93x, the LSTM at 0.175 3.21x against 2.97x). Real runs gain more than the
+// 256 moves a cell by more than 0.03x only to cost less (the TreeLSTM at r = 0.3 1.29x against
+// 1.45x, at 0.25 1.50x against 1.93x, at 0.2 2.11x against 2.47x, the LSTM at 0.4 1.42x against
+// 1.58x, the chain at 0.1 2.40x against 2.54x: 14 cells), except at the TreeLSTM's thrash (0.15:
+// 30.8x against 12.2x; 0.175, off the table's grid, 5.04x against 3.14x). Next to the floors it
+// is a trade, probably because an underestimated neighborhood is evicted sooner, which pays off
+// until the region it borders is most of what is evicted (on a second set of traces DenseNet at
+// 0.25 2.07x against 1.93x, the LSTM at 0.175 3.21x against 2.97x). Real runs gain more than the
 // simulator shows, since it does not count the search's own time: the CPU TreeLSTM at 0.4 of its
 // peak searched 85-95 ms a step with 256 and 28-36 ms with 64 (bench/results/runtime.md,
 // "Shorter neighborhood walks").

@@ -47,6 +47,8 @@ under way has still to replay read (default 1: none, the live runtime's; Note [I
 rematerialization will read]).
 --exhaustive-pool N scores the whole pool while it holds at most N entries, sampled search or
 not (default 256; 0: always sample; Note [Small pools are searched whole]).
+--walk-limit N stops each direction of a dtr or msps neighborhood walk after N evicted storages
+(default 64; 0: no limit; Note [Bounded neighborhood walks]).
 --input-locks eager locks every input of an op before bringing any back (the rule until stop 38);
 lazy, the default, locks an input once it is back (Note [Lazy input locks]).
 )";

@@ -127,8 +127,9 @@ TEST(ParseEnvConfig, Factors) {
   EXPECT_EQ(RuntimeConfig{}.backward_protection, 10);
 }
 
-// Count variables taking 0: Note [Neighborhood cost cache] (runtime/neighborhoods.cc) and Note
-// [Small pools are searched whole] (runtime/eviction_search.cc).
+// Count variables taking 0: Note [Neighborhood cost cache] (runtime/neighborhoods.cc), Note
+// [Small pools are searched whole] (runtime/eviction_search.cc) and Note [Bounded neighborhood
+// walks] (runtime/neighborhoods.cc).
 TEST(ParseEnvConfig, CountsThatMayBeZero) {
   struct Count {
     const char* var;
