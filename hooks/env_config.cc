@@ -1,6 +1,7 @@
 #include "hooks/env_config.h"
 
 #include <cmath>
+#include <limits>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +27,7 @@ const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLO
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
                               "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
                               "DTR_NEIGHBORHOOD_WALK_LIMIT",
-                              "DTR_BACKWARD_PROTECTION", "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_BACKWARD_PROTECTION", "DTR_BACKWARD_NEXT_USE", "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -53,12 +54,14 @@ absl::Status ParseCount(const std::function<const char*(const char*)>& getenv_fn
 
 // A finite number of at least `least`.
 absl::Status ParseFactor(const std::function<const char*(const char*)>& getenv_fn, const char* var, double least,
-                         absl::string_view what, double* out) {
+                         double most, absl::string_view what, double* out) {
   const char* v = getenv_fn(var);
   if (v == nullptr) return absl::OkStatus();
   double x = 0;
-  if (!absl::SimpleAtod(v, &x) || !(x >= least) || !std::isfinite(x))
-    return Bad(var, v, absl::StrCat("a number >= ", least, ": ", what));
+  if (!absl::SimpleAtod(v, &x) || !(x >= least && x <= most) || !std::isfinite(x))
+    return Bad(var, v,
+               std::isfinite(most) ? absl::StrCat("a number from ", least, " to ", most, ": ", what)
+                                   : absl::StrCat("a number >= ", least, ": ", what));
   *out = x;
   return absl::OkStatus();
 }
@@ -78,7 +81,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", max_replay_depth=", max_replay_depth, ", max_recompute=", max_recompute_ratio,
                       ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
                       ", neighborhood_walk_limit=", neighborhood_walk_limit,
-                      ", backward_protection=", backward_protection,
+                      ", backward_protection=", backward_protection, ", backward_next_use=", backward_next_use,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -192,6 +195,7 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     double least;
     const char* what;
     double* field;
+    double most = std::numeric_limits<double>::infinity();
   };
   for (const Factor& k : {
            Factor{"DTR_MAX_RECOMPUTE", 0,
@@ -200,10 +204,14 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
                   &c.max_recompute_ratio},
            Factor{"DTR_BACKWARD_PROTECTION", 1,
                   "how many times worse an activation may score and still be evicted before what the backward "
-                  "pass computed (default 10; 1: no difference)",
+                  "pass computed (default 100; 1: no difference)",
                   &c.backward_protection},
+           Factor{"DTR_BACKWARD_NEXT_USE", 0,
+                  "how much a backward pass's estimate of when it reads a forward activation weighs against the "
+                  "activation's staleness (default 0.75; 0: staleness alone)",
+                  &c.backward_next_use, 1},
        })
-    if (absl::Status s = ParseFactor(getenv_fn, k.var, k.least, k.what, k.field); !s.ok()) return s;
+    if (absl::Status s = ParseFactor(getenv_fn, k.var, k.least, k.most, k.what, k.field); !s.ok()) return s;
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int r = 0;

@@ -27,8 +27,10 @@
 //   DTR_NEIGHBORHOOD_WALK_LIMIT  the most evicted storages a dtr or msps neighborhood walk sums on
 //                   each side of a candidate (default 64; 0: no limit): Note [Bounded
 //                   neighborhood walks], runtime/neighborhoods.cc
-//   DTR_BACKWARD_PROTECTION  a number >= 1 (default 10; 1: none): Note [Results of the backward
+//   DTR_BACKWARD_PROTECTION  a number >= 1 (default 100; 1: none): Note [Results of the backward
 //                   pass], runtime/eviction_search.cc
+//   DTR_BACKWARD_NEXT_USE  a number from 0 to 1 (default 0.75; 0: staleness alone, the DTR
+//                   paper's): Note [Next use in a backward pass], runtime/eviction_search.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
@@ -76,6 +78,8 @@ struct DtrEnvConfig {
   double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
   // Note [Results of the backward pass] (runtime/eviction_search.cc); 1: none.
   double backward_protection = RuntimeConfig{}.backward_protection;
+  // Note [Next use in a backward pass] (runtime/eviction_search.cc); 0: staleness alone.
+  double backward_next_use = RuntimeConfig{}.backward_next_use;
   uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // exact; 0: none
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   // Note [Bounded neighborhood walks] (runtime/neighborhoods.cc); 0: unbounded.

@@ -68,6 +68,9 @@ absl::Status RuntimeConfig::Validate() const {
   if (!(backward_protection >= 1) || !std::isfinite(backward_protection))
     return absl::InvalidArgumentError(
         absl::StrCat("backward_protection must be >= 1 (1: none), got ", backward_protection));
+  if (!(backward_next_use >= 0 && backward_next_use <= 1))
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward_next_use must be in [0, 1] (0: staleness alone), got ", backward_next_use));
   if (!(pending_protection >= 1) || !std::isfinite(pending_protection))
     return absl::InvalidArgumentError(
         absl::StrCat("pending_protection must be >= 1 (1: none), got ", pending_protection));
@@ -84,13 +87,13 @@ std::string RuntimeConfig::ToString() const {
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "exhaustive_pool=%d neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache=%s "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d replays_refresh_staleness=%d "
-      "rebuild_protection=%g backward_protection=%g pending_protection=%g input_locking=%s "
+      "rebuild_protection=%g backward_protection=%g backward_next_use=%g pending_protection=%g input_locking=%s "
       "max_replay_depth=%d max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
       min_samples, max_samples, exhaustive_pool, neighborhood_walk_limit, cut_losing_walks, NeighborhoodCacheName(neighborhood_cache_events),
       small_storage_fraction, thrash_damping, thrash_half_life_ops,
-      replays_refresh_staleness, rebuild_protection, backward_protection, pending_protection,
+      replays_refresh_staleness, rebuild_protection, backward_protection, backward_next_use, pending_protection,
       InputLockingName(input_locking), max_replay_depth,
       max_recompute_ratio, recompute_half_life_ops, seed);
 }

@@ -87,8 +87,14 @@ struct RuntimeConfig {
   double rebuild_protection = 30;
   // Note [Results of the backward pass] (eviction_search.cc): the scores of storages whose
   // recipe holds an op of a backward pass are multiplied by this, so the search evicts
-  // activations scoring up to this many times worse first. 1: no protection.
-  double backward_protection = 10;
+  // activations scoring up to this many times worse first. 1: no protection. 100 since stop 54
+  // (10 before): Note [Next use in a backward pass] makes activations score up to about ten
+  // times higher.
+  double backward_protection = 100;
+  // Note [Next use in a backward pass] (eviction_search.cc): w in staleness^(1-w) * d^w, where d
+  // estimates how soon the backward pass under way reads a forward activation it has not read
+  // yet. 0: staleness alone (the DTR paper's); 1: the estimate alone.
+  double backward_next_use = 0.75;
   // Note [Inputs a rematerialization will read] (remat.cc): while a rematerialization is under
   // way, the scores of the storages that ops it has still to replay read are multiplied by this.
   // 1 (the default): no protection, and nothing is listed; dtr-sim --pending-protection.

@@ -104,9 +104,9 @@ namespace dtr {
 // autograd engine runs for a backward pass (a graph task is current on the thread; gradient mode
 // would also mark the forward ops of custom autograd Functions, reentrant checkpointing and
 // AOTAutograd), and a storage whose recipe holds one has its score multiplied by
-// backward_protection (10). The search then evicts any activation that scores up to ten times
-// worse before it, and still takes it when nothing else comes close, so a budget that needs it
-// trains. Where the allocator picks among the ranked candidates the first that fits a request
+// backward_protection (10 until stop 54, 100 since: Note [Next use in a backward pass]). The
+// search then evicts any activation that scores up to that many times worse before it, and
+// still takes it when nothing else comes close, so a budget that needs it trains. Where the allocator picks among the ranked candidates the first that fits a request
 // alone (Engine::EvictRankedOn, the CUDA allocator's fragmentation-aware choice), a fitting
 // gradient can still go before activations that do not fit. On bench/activation_budgets.py's
 // traces (3 a model x 3 seeds, the same traces), 10 against 1: DenseNet at r = 0.25 2.13x
@@ -116,6 +116,41 @@ namespace dtr {
 // decided about as 10 on one trace of each model. Marking every op run with gradient mode off
 // instead (the optimizer's updates too) gave about the same on other traces of these models
 // (DenseNet at 0.25 2.05x, ResNet at 0.3 3.51x, the TreeLSTM at 0.2 2.52x).
+//
+// Note [Next use in a backward pass]
+// Staleness stands for how soon a storage is needed again (the DTR paper's h divides by it).
+// In a backward pass it stops telling: every activation was last used in the forward pass, so
+// all are about as stale, and the search evicted the convolution outputs the backward pass reads
+// next as readily as those it reads last (ResNet at r = 0.5 replayed 14 of its 33 replayed
+// storages 2-3 times a step: activations.md, stop 49). Yet a backward pass reads the
+// activations about in the reverse of their last forward use. So the runtime keeps a mirror:
+// when a backward op starts (Runtime::OpCall::backward), the latest last access among its inputs
+// that a forward op computed and no backward op has read yet (awaits_backward, mirrored as
+// PoolEntry::kAwaitsBackward) moves the mirror back to it, never forward (a backward pass
+// starts with the mirror at the clock; the first forward op after it ends the pass). Such an
+// activation last used at f <= mirror is read in about d = 2 (mirror - f) + 1 clock units, a
+// backward op costing about twice its forward op, and is scored with staleness^(1 - w) d^w
+// instead of its staleness, w = backward_next_use (0.75). Activations the pass has read, or gone
+// by without reading (f > mirror: a forward op read them last, say a concatenation, but an
+// earlier one saved them), and everything else, keep their staleness. The cost is a flag
+// test per candidate, and two square roots per activation the pass has still to read.
+// Measured in dtr-sim on activations.md's traces (3 a model x 3 seeds, medians), against w = 0
+// with the backward protection of 10: r = 0.5: ResNet 1.34x -> 1.27x, the LSTM 1.27x -> 1.21x,
+// UNet 1.24x -> 1.28x, the others within 0.01x; r = 0.3: DenseNet 1.67x -> 1.55x, the LSTM
+// 1.95x -> 1.78x, the TreeLSTM 1.29x -> 1.19x, the chain 1.24x -> 1.20x, UNet 2.42x -> 2.53x,
+// ResNet 3.39x -> 3.41x; lower: the TreeLSTM at 0.2 and 0.175 2.11x and 5.04x -> 1.61x and
+// 2.44x (at 0.15 its 30.8x thrash now stops at Note [Recomputation limit]), the LSTM at 0.2
+// 2.90x -> 2.44x. It costs more on UNet (0.45 1.32x -> 1.42x) and near the Transformer's floor
+// (0.175 2.35x -> 2.50x). The estimate makes the activations the pass reads next score up to
+// about ten times higher, enough to put the results of the backward pass (Note [Results of the
+// backward pass]) before them again: with a protection of 10, DenseNet at 0.25 went 1.98x ->
+// 4.87x, bringing back batch-norm and convolution gradients; with 100 it is 1.96x. The
+// protection of 100 alone (w = 0) changes no cell by more than 0.05x but the TreeLSTM at
+// 0.175 (3.26x) and the LSTM at 0.175 (3.86x). Tried and not adopted (bench/results/runtime.md,
+// "Next use in a backward pass"): w = 1 (the TreeLSTM at 0.2 3.58x), 0.9 and 0.5; the first
+// forward use instead of the last; other estimates for activations the pass went by; falling
+// back to staleness while replays cost more than the program; evicted activations passing
+// their forward time to their recipes' inputs.
 //
 // Note [Thrashing]
 // Each rematerialization adds one to the storage's recent_remats, which halves every
@@ -178,6 +213,8 @@ inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e, HeuristicKi
   p.in.cost = e.cost;
   p.in.size = double(int64_t(e.size));  // below 2^56: exact, and one instruction where unsigned takes several
   p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
+  if ((e.flags & PoolEntry::kAwaitsBackward) && in_backward_pass_) [[unlikely]]
+    p.in.staleness = BackwardStaleness(e.last_access, p.in.staleness);  // Note [Next use in a backward pass]
   if (kind == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
   if (e.flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
   return p;
@@ -195,6 +232,16 @@ double Runtime::EntryDamping(const PoolEntry& e) {
   // Note [Inputs a rematerialization will read]
   if (e.flags & PoolEntry::kPending) damping *= config_.pending_protection;
   return damping;
+}
+
+// Note [Next use in a backward pass]
+double Runtime::BackwardStaleness(double last_access, double staleness) const {
+  if (last_access > backward_mirror_) return staleness;  // the pass went by without reading it
+  constexpr double kBackwardPace = 2;  // a backward op costs about twice its forward op
+  const double d = (backward_mirror_ - last_access) * kBackwardPace + 1.0;
+  const double w = config_.backward_next_use;
+  if (w == 0.75) return std::sqrt(std::sqrt(staleness * d * d * d));  // the default, without pow
+  return std::pow(staleness, 1 - w) * std::pow(d, w);
 }
 
 double Runtime::Damping(StorageId id, bool thrash, bool rebuilt) {

@@ -33,6 +33,7 @@ using runtime_internal::ContainsValue;
 
 absl::Status Runtime::Mutate(const MutateCall& call,
                              absl::FunctionRef<absl::StatusOr<double>()> execute) {
+  if (config_.backward_next_use > 0) NoteOpStart(call.backward, call.inputs);  // Note [Next use in a backward pass]
   absl::InlinedVector<StorageId, 8> reads(call.inputs.begin(), call.inputs.end());
   reads.insert(reads.end(), call.mutated.begin(), call.mutated.end());
   InputList inputs;
@@ -108,6 +109,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     for (StorageId m : mutated) Detach(m, ConstantReason::kUnreplayableWrite);
   }
   for (StorageId in : inputs) Touch(in);
+  if (config_.backward_next_use > 0) NoteOpDone(call.backward, inputs, {});
   unlock_inputs();
   return absl::OkStatus();
 }

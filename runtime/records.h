@@ -77,6 +77,9 @@ struct StorageRecord {
   // Note [Results of the backward pass] (eviction_search.cc): an op of the recipe ran in a
   // backward pass (OpRecord::backward).
   bool backward_recipe = false;
+  // Note [Next use in a backward pass] (eviction_search.cc): computed by a forward op and not
+  // read or written by a backward op since (mirrored as PoolEntry::kAwaitsBackward).
+  bool awaits_backward = false;
   // ---- the rest ----
   // Banishing waits for evicted dependents; it is retried whenever the storage is unlocked,
   // which happens after every rematerialization of a dependent (they lock their deps).
@@ -127,7 +130,7 @@ struct StorageRecord {
 // storage, mirrored from its record into the pool so that scoring a candidate reads one
 // aligned 32-byte entry, half a cache line, instead of its record.
 struct alignas(32) PoolEntry {
-  enum Flag : uint8_t {
+  enum Flag : uint16_t {
     kLocked = 1,           // locks > 0: skipped
     kAwaitsReader = 2,     // Note [Results awaiting their reader]: skipped, a last resort
     kNeighborEvicted = 4,  // Note [Evicted-neighbor hint]: its neighborhood cost needs a walk
@@ -136,12 +139,13 @@ struct alignas(32) PoolEntry {
     kAwaited = 32,         // waits > 0: Note [Lazy input locks]: skipped, a last resort
     kBackward = 64,        // backward_recipe: Note [Results of the backward pass]
     kPending = 128,        // pending_reads > 0: Note [Inputs a rematerialization will read]
+    kAwaitsBackward = 256,  // awaits_backward: Note [Next use in a backward pass]
   };
   StorageId id;
   double cost = 0;
   double last_access = 0;
-  uint64_t size : 56;
-  uint64_t flags : 8;
+  uint64_t size : 55;  // 32 PiB
+  uint64_t flags : 9;
 };
 static_assert(sizeof(PoolEntry) == 32, "what a search reads of a candidate: within one cache line");
 

@@ -81,6 +81,40 @@ void Runtime::AdvanceClock(double cost) {
   ++op_counter_;
 }
 
+// Note [Next use in a backward pass] (eviction_search.cc)
+void Runtime::NoteOpStart(bool backward, absl::Span<const StorageId> inputs) {
+  if (!backward) {
+    in_backward_pass_ = false;
+    return;
+  }
+  if (!in_backward_pass_) {
+    in_backward_pass_ = true;
+    backward_mirror_ = now_;
+  }
+  double latest = -1;
+  for (StorageId in : inputs)
+    if (const StorageRecord* r = storages_.Find(in); r != nullptr && r->awaits_backward && r->resident())
+      latest = std::max(latest, r->last_access);
+  if (latest >= 0) backward_mirror_ = std::min(backward_mirror_, latest);
+}
+
+void Runtime::NoteOpDone(bool backward, absl::Span<const StorageId> accessed,
+                         absl::Span<const StorageId> created) {
+  if (!backward) {
+    for (StorageId out : created) {
+      rec(out).awaits_backward = true;
+      RefreshPoolEntry(rec(out));
+    }
+    return;
+  }
+  for (StorageId id : accessed) {
+    StorageRecord& r = rec(id);
+    if (!r.awaits_backward) continue;
+    r.awaits_backward = false;
+    RefreshPoolEntry(r);
+  }
+}
+
 void Runtime::UpdatePeak(uint64_t transient) {
   stats_.peak_memory_bytes = std::max(stats_.peak_memory_bytes, memory_ + transient);
 }
@@ -199,6 +233,7 @@ void Runtime::UnlockAll(const InputList& ids) {
 }
 
 absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
+  if (config_.backward_next_use > 0) NoteOpStart(call.backward, call.inputs);
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, call.inputs, &inputs); !s.ok()) return s;
   auto unlock_inputs = [&] { UnlockAll(inputs); };
@@ -277,6 +312,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     SyncPool(out);
   }
   for (StorageId in : inputs) Touch(in);
+  if (config_.backward_next_use > 0) NoteOpDone(call.backward, inputs, outputs);
   unlock_inputs();
   return outputs;
 }

@@ -203,6 +203,13 @@ class Runtime {
     if (r.pool_index != UINT32_MAX) pool_[r.pool_index].last_access = now_;  // Note [Candidate table]
   }
   void AdvanceClock(double cost);
+  // Note [Next use in a backward pass] (eviction_search.cc): a program op starts (moves the
+  // mirror back to what a backward op reads), and has run (marks what it computed, read or
+  // wrote). Out of line: once an op each.
+  void NoteOpStart(bool backward, absl::Span<const StorageId> inputs);
+  void NoteOpDone(bool backward, absl::Span<const StorageId> accessed, absl::Span<const StorageId> created);
+  // The staleness a candidate that awaits the backward pass scores with, while one is under way.
+  double BackwardStaleness(double last_access, double staleness) const;
   void UpdatePeak(uint64_t transient);
   // Note [Scratch memory]: the largest op and the floor, counting the op's workspace; and the
   // scratch an op reported while it ran, if more than it was known to need.
@@ -253,7 +260,8 @@ class Runtime {
                (r.neighbor_evicted ? PoolEntry::kNeighborEvicted : 0) |
                (r.recent_remats > 0 ? PoolEntry::kRemats : 0) | (r.rebuild_epoch > 0 ? PoolEntry::kRebuilt : 0) |
                (r.waits > 0 ? PoolEntry::kAwaited : 0) | (r.backward_recipe ? PoolEntry::kBackward : 0) |
-               (r.pending_reads > 0 ? PoolEntry::kPending : 0);
+               (r.pending_reads > 0 ? PoolEntry::kPending : 0) |
+               (r.awaits_backward ? PoolEntry::kAwaitsBackward : 0);
   }
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
@@ -393,6 +401,10 @@ class Runtime {
   uint64_t pool_bytes_ = 0;
   uint64_t evicted_count_ = 0;
   double now_ = 0;
+  // Note [Next use in a backward pass] (eviction_search.cc): a backward pass is under way (the
+  // last program op was a backward op), and how far back in the forward pass it has read.
+  bool in_backward_pass_ = false;
+  double backward_mirror_ = 0;
   // Note [Rebuilt segments] (remat.cc): the rematerialization under way (Materialize calls
   // nest: the outermost one numbers them), and how deep.
   uint64_t rebuild_epoch_ = 0;

@@ -44,6 +44,7 @@ OPTIONS = {
     "exhaustive_pool": "DTR_EXHAUSTIVE_POOL",
     "neighborhood_walk_limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "backward_protection": "DTR_BACKWARD_PROTECTION",
+    "backward_next_use": "DTR_BACKWARD_NEXT_USE",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

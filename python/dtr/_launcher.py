@@ -28,6 +28,7 @@ CLI_OPTIONS = {
     "--exhaustive-pool": "DTR_EXHAUSTIVE_POOL",
     "--neighborhood-walk-limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "--backward-protection": "DTR_BACKWARD_PROTECTION",
+    "--backward-next-use": "DTR_BACKWARD_NEXT_USE",
 }
 
 
@@ -168,7 +169,9 @@ def _reexec_under_preload():
     dtr is enabled in-process once torch is imported."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
-            argv = [a.decode(errors="surrogateescape") for a in f.read().split(b"\0") if a]
+            cmdline = f.read()
+        # Each argument ends with a NUL; an empty argument is an argument too ('' in a shell).
+        argv = [a.decode(errors="surrogateescape") for a in cmdline.split(b"\0")[:-1]]
         exe = os.path.realpath("/proc/self/exe")
     except OSError:
         argv, exe = [], ""

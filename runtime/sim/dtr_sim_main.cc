@@ -21,7 +21,8 @@ constexpr const char* kUsage = R"(usage:
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--exhaustive-pool N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
-          [--rebuild-protection K] [--backward-protection K] [--pending-protection K]
+          [--rebuild-protection K] [--backward-protection K] [--backward-next-use W]
+          [--pending-protection K]
           [--input-locks lazy|eager] [--check]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
@@ -40,8 +41,11 @@ until stop 33: Note [Staleness of replayed storages]).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
 --backward-protection K multiplies by K the scores of the storages computed or written by ops the
-trace marks pass=backward, a backward pass's (default 10; 1: none; Note [Results of the backward
+trace marks pass=backward, a backward pass's (default 100; 1: none; Note [Results of the backward
 pass]).
+--backward-next-use W weighs, in a backward pass, how soon it will read a forward activation it has
+not read yet against the activation's staleness: staleness^(1-W) * estimate^W (default 0.75; 0:
+staleness alone, the DTR paper's; Note [Next use in a backward pass]).
 --pending-protection K multiplies by K the scores of the storages that ops a rematerialization
 under way has still to replay read (default 1: none, the live runtime's; Note [Inputs a
 rematerialization will read]).
@@ -140,6 +144,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--backward-protection") {
       if (!absl::SimpleAtod(v, &options.runtime.backward_protection))
         return Fail(absl::StrCat("--backward-protection: not a number '", v, "'"));
+    } else if (arg == "--backward-next-use") {
+      if (!absl::SimpleAtod(v, &options.runtime.backward_next_use))
+        return Fail(absl::StrCat("--backward-next-use: not a number '", v, "'"));
     } else if (arg == "--pending-protection") {
       if (!absl::SimpleAtod(v, &options.runtime.pending_protection))
         return Fail(absl::StrCat("--pending-protection: not a number '", v, "'"));

@@ -95,8 +95,9 @@ TEST(ParseEnvConfig, MaxReplayDepth) {
   }
 }
 
-// Factors, a number with a least value: Note [Recomputation limit] (runtime/remat.cc) and Note
-// [Results of the backward pass] (runtime/eviction_search.cc).
+// Factors, a number with a least (and maybe a most) value: Note [Recomputation limit]
+// (runtime/remat.cc), Note [Results of the backward pass] and Note [Next use in a backward pass]
+// (runtime/eviction_search.cc).
 TEST(ParseEnvConfig, Factors) {
   struct Factor {
     const char* var;
@@ -110,7 +111,10 @@ TEST(ParseEnvConfig, Factors) {
                                  {{"20", 20}, {"0", 0}, {"7.5", 7.5}}, {"-1", "x", "inf", "nan", ""}},
                           Factor{"DTR_BACKWARD_PROTECTION", "backward_protection=", &DtrEnvConfig::backward_protection,
                                  RuntimeConfig{}.backward_protection, {{"1", 1}, {"30", 30}, {"2.5", 2.5}},
-                                 {"0.5", "0", "-1", "x", "inf", "nan", ""}}}) {
+                                 {"0.5", "0", "-1", "x", "inf", "nan", ""}},
+                          Factor{"DTR_BACKWARD_NEXT_USE", "backward_next_use=", &DtrEnvConfig::backward_next_use,
+                                 RuntimeConfig{}.backward_next_use, {{"0", 0}, {"1", 1}, {"0.5", 0.5}},
+                                 {"1.5", "-0.1", "x", "inf", "nan", ""}}}) {
     EXPECT_EQ((*FakeEnv{}.Parse()).*k.field, k.default_value) << k.var;
     for (auto [text, value] : k.good) {
       auto c = FakeEnv{{{k.var, text}}}.Parse();
@@ -124,7 +128,8 @@ TEST(ParseEnvConfig, Factors) {
       EXPECT_THAT(std::string(b.status().message()), HasSubstr(k.var));
     }
   }
-  EXPECT_EQ(RuntimeConfig{}.backward_protection, 10);
+  EXPECT_EQ(RuntimeConfig{}.backward_protection, 100);
+  EXPECT_EQ(RuntimeConfig{}.backward_next_use, 0.75);
 }
 
 // Count variables taking 0: Note [Neighborhood cost cache] (runtime/neighborhoods.cc), Note

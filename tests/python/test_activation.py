@@ -113,6 +113,16 @@ def test_dtr_enable_after_tensors_exist(reference):
     assert res["dtr"]["evictions"] > 0, res["dtr"]
 
 
+def test_environment_activation_keeps_the_arguments_exactly():
+    # Activation by DTR_* re-executes the interpreter under the preload with the arguments read
+    # from /proc/self/cmdline: empty ones ('' in a shell) and odd ones must survive it.
+    args = ["", "x", "", "two words", "-", ""]
+    probe = "import json, os, sys; print(json.dumps([sys.argv[1:], 'libdtr' in os.environ.get('LD_PRELOAD', '')]))"
+    r = sh([PY, "-c", probe] + args, DTR_BUDGET="64MiB")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [args, True]
+
+
 def test_without_dtr_variables_nothing_changes():
     probe = "import sys, torch; print('dtr' in sys.modules, hasattr(torch.ops.dtr, 'stats'))"
     r = sh([PY, "-c", probe])
@@ -201,6 +211,10 @@ def test_info_prints_versions_features_and_configuration():
     assert "neighborhood_walk_limit=64" in out
     r = sh([PY, "-m", "dtr", "--neighborhood-walk-limit", "0", "--info"])
     assert r.returncode == 0 and "neighborhood_walk_limit=0," in r.stdout, (r.stdout, r.stderr)
+    # Note [Next use in a backward pass]: the default, and the option reaching the library.
+    assert "backward_next_use=0.75" in out
+    r = sh([PY, "-m", "dtr", "--backward-next-use", "0", "--info"])
+    assert r.returncode == 0 and "backward_next_use=0," in r.stdout, (r.stdout, r.stderr)
 
 
 def test_cuda_options_without_a_gpu_are_clear_errors():

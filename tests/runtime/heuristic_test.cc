@@ -57,13 +57,24 @@ TEST(RuntimeConfig, ValidatesAndPrints) {
   EXPECT_FALSE(config.Validate().ok());
   config = RuntimeConfig{};
   // Note [Results of the backward pass]
-  EXPECT_NE(config.ToString().find("backward_protection=10 "), std::string::npos);
+  EXPECT_NE(config.ToString().find("backward_protection=100 "), std::string::npos);
   config.backward_protection = 0.5;
   EXPECT_FALSE(config.Validate().ok());
   config.backward_protection = std::numeric_limits<double>::infinity();
   EXPECT_FALSE(config.Validate().ok());
   config.backward_protection = 1;  // none
   EXPECT_TRUE(config.Validate().ok());
+  // Note [Next use in a backward pass]
+  EXPECT_NE(config.ToString().find("backward_next_use=0.75 "), std::string::npos);
+  for (double bad : {-0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    config.backward_next_use = bad;
+    EXPECT_FALSE(config.Validate().ok()) << bad;
+  }
+  for (double good : {0.0, 0.5, 1.0}) {
+    config.backward_next_use = good;
+    EXPECT_TRUE(config.Validate().ok()) << good;
+  }
+  config = RuntimeConfig{};
   // Note [Inputs a rematerialization will read]: off by default
   EXPECT_NE(config.ToString().find("pending_protection=1 "), std::string::npos);
   config.pending_protection = 0.5;

@@ -1582,6 +1582,67 @@ TEST_F(RuntimeTest, WhatABackwardPassComputedIsTakenAfterActivations) {
   }
 }
 
+// Note [Next use in a backward pass]: a backward pass reads the forward activations about in the
+// reverse of their last forward use. Once it has read the one used last (d), c, used just before,
+// is read next, and a and b, used long before, much later; by then all three are about as stale.
+// With staleness alone the cheapest, c, goes; with the estimate the search keeps c and takes a,
+// the one read last. What the backward pass has read scores by its staleness again, and so does
+// everything once a forward op ends the pass.
+TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
+  for (double weight : {0.0, 0.75, 0.5}) {
+    SCOPED_TRACE(weight);
+    RuntimeConfig config = ExactDtrConfig();
+    config.backward_next_use = weight;
+    Make(config);
+    StorageId x = Const(1);
+    auto filler = [&] { (void)Op1("filler", {x}, 0, 100); };
+    StorageId a = Op1("a", {x}, 100, 3);
+    filler();
+    StorageId b = Op1("b", {a}, 100, 2);
+    filler();
+    StorageId c = Op1("c", {b}, 100, 1);
+    filler();
+    StorageId d = Op1("d", {c}, 100, 1);
+    StorageId loss = Op1("loss", {d}, 100, 1);  // never read by the backward pass
+    for (StorageId s : {a, b, c, d, loss}) EXPECT_EQ(rt_->storage(s)->awaits_backward, weight > 0);
+    auto backward_op = [&](StorageId in, double cost) {
+      std::vector<StorageId> inputs{in};
+      std::vector<uint64_t> sizes{100};
+      Runtime::OpCall call{"grad", inputs, sizes, true, 0};
+      call.backward = true;
+      auto out = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
+      EXPECT_TRUE(out.ok()) << out.status();
+      Check();
+    };
+    const double mirror = rt_->storage(d)->last_access;  // read last by the forward pass
+    backward_op(d, 1000);
+    EXPECT_FALSE(rt_->storage(d)->awaits_backward);
+    EXPECT_EQ(rt_->storage(c)->awaits_backward, weight > 0);
+    auto expected = [&](StorageId s) {
+      const StorageRecord& r = *rt_->storage(s);
+      const double staleness = rt_->now() - r.last_access + 1;
+      const double next_use = (mirror - r.last_access) * 2 + 1;
+      return r.cost / (double(r.size) * std::pow(staleness, 1 - weight) * std::pow(next_use, weight));
+    };
+    for (StorageId s : {a, b, c}) EXPECT_NEAR(rt_->ScoreOf(s) / expected(s), 1, 1e-12);
+    auto victim = rt_->NextVictim();
+    ASSERT_TRUE(victim.has_value());
+    if (weight == 0) EXPECT_EQ(victim->id, c);
+    else EXPECT_NE(victim->id, c);
+    if (weight == 0.75) EXPECT_EQ(victim->id, a);  // at 0.5, b, by a hair
+    // Read by the backward pass: its staleness alone again. The mirror moves back to c's last
+    // forward use, which `loss`, used later and never read, is past: its staleness alone too.
+    backward_op(c, 1);
+    EXPECT_FALSE(rt_->storage(c)->awaits_backward);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 0));
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(loss), ScoreWith(loss, 0));
+    if (weight > 0) EXPECT_NE(rt_->ScoreOf(b), ScoreWith(b, 0));
+    // A forward op ends the backward pass.
+    filler();
+    for (StorageId s : {a, b, c}) EXPECT_DOUBLE_EQ(rt_->ScoreOf(s), ScoreWith(s, 0));
+  }
+}
+
 TEST_F(RuntimeTest, NextVictimIsWhatReserveEvictsAndIsSearchedAnewAfterEachEviction) {
   Make(kUnlimitedBudget, HeuristicKind::kDtr);  // exact search
   StorageId x = Const(1);

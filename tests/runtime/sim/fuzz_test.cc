@@ -37,7 +37,8 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.thrash_damping = double(rng() % 3);
     options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.input_locking = rng() % 2 ? InputLocking::kLazy : InputLocking::kEager;
-    options.runtime.backward_protection = rng() % 2 ? 1 : 10;
+    options.runtime.backward_protection = rng() % 2 ? 1 : 100;
+    options.runtime.backward_next_use = (rng() % 4) / 3.0;  // Note [Next use in a backward pass]: 0 to 1
     options.runtime.pending_protection = rng() % 2 ? 1 : 1000;  // Note [Inputs a rematerialization will read]
     options.runtime.max_replay_depth = rng() % 4 ? 1000 : 3;  // Note [Bounded replay chains]: detaches
     options.runtime.seed = rng();
