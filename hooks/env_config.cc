@@ -1,10 +1,10 @@
 #include "hooks/env_config.h"
 
-#include <cmath>
-#include <limits>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 

@@ -19,6 +19,9 @@ inline constexpr uint64_t kUnlimitedBudget = std::numeric_limits<uint64_t>::max(
 // RuntimeConfig::neighborhood_cache_events: a walked neighborhood cost is reused until something
 // it summed changes (Note [Exact neighborhood cost cache], neighborhoods.cc).
 inline constexpr uint32_t kExactNeighborhoodCache = std::numeric_limits<uint32_t>::max();
+// RuntimeConfig::backward_next_use's default, which the search computes without pow (Note [Next
+// use in a backward pass], eviction_search.cc).
+inline constexpr double kDefaultBackwardNextUse = 0.75;
 
 // What to do when the program drops its last reference to a storage (paper, Appendix C.5).
 enum class DeallocPolicy {
@@ -94,7 +97,7 @@ struct RuntimeConfig {
   // Note [Next use in a backward pass] (eviction_search.cc): w in staleness^(1-w) * d^w, where d
   // estimates how soon the backward pass under way reads a forward activation it has not read
   // yet. 0: staleness alone (the DTR paper's); 1: the estimate alone.
-  double backward_next_use = 0.75;
+  double backward_next_use = kDefaultBackwardNextUse;
   // Note [Inputs a rematerialization will read] (remat.cc): while a rematerialization is under
   // way, the scores of the storages that ops it has still to replay read are multiplied by this.
   // 1 (the default): no protection, and nothing is listed; dtr-sim --pending-protection.

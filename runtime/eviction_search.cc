@@ -25,7 +25,9 @@ namespace dtr {
 // Note [Candidate table]
 // Each pool entry (PoolEntry, records.h) mirrors what a search reads of its storage: cost, size,
 // last access and flags for what makes it skipped or in need of its record (locked, awaiting its
-// reader, an evicted neighbor, a thrash or rebuild factor that may apply). A sampled search reads
+// reader, an evicted neighbor, a thrash or rebuild factor that may apply), or scored otherwise
+// (a backward pass's result, an activation the backward pass has still to read: Note [Next use
+// in a backward pass]; the size gave up its 56th bit to that flag). A sampled search reads
 // one aligned 32-byte entry per candidate, loaded together before any is scored (DrawCandidates),
 // and reads a record only to walk a neighborhood or reuse a walked cost, for a damping factor,
 // for the handles of what a ranking returns (and the victim's), or to find a carried runner-up
@@ -106,8 +108,9 @@ namespace dtr {
 // AOTAutograd), and a storage whose recipe holds one has its score multiplied by
 // backward_protection (10 until stop 54, 100 since: Note [Next use in a backward pass]). The
 // search then evicts any activation that scores up to that many times worse before it, and
-// still takes it when nothing else comes close, so a budget that needs it trains. Where the allocator picks among the ranked candidates the first that fits a request
-// alone (Engine::EvictRankedOn, the CUDA allocator's fragmentation-aware choice), a fitting
+// still takes it when nothing else comes close, so a budget that needs it trains. Where the
+// allocator picks among the ranked candidates the first that fits a request alone
+// (Engine::EvictRankedOn, the CUDA allocator's fragmentation-aware choice), a fitting
 // gradient can still go before activations that do not fit. On bench/activation_budgets.py's
 // traces (3 a model x 3 seeds, the same traces), 10 against 1: DenseNet at r = 0.25 2.13x
 // against 4.12x, ResNet trains at 0.3 (3.48x, out of memory before), the TreeLSTM at 0.2 and
@@ -132,16 +135,26 @@ namespace dtr {
 // backward op costing about twice its forward op, and is scored with staleness^(1 - w) d^w
 // instead of its staleness, w = backward_next_use (0.75). Activations the pass has read, or gone
 // by without reading (f > mirror: a forward op read them last, say a concatenation, but an
-// earlier one saved them), and everything else, keep their staleness. The cost is a flag
-// test per candidate, and two square roots per activation the pass has still to read.
+// earlier one saved them), and everything else, keep their staleness. Two rules keep the
+// mirror honest. A forward op's in-place write does not set the flag: the optimizer's
+// zero_grad writes every gradient before the forward pass, and the backward pass accumulates
+// into them from the last layer to the first, so their write time would pull the mirror back
+// to the start of the step at the first accumulation. And an evicted input, which the
+// backward op is about to bring back, does not move the mirror: letting it took UNet at r =
+// 0.4 1.69x -> 1.82x and the Transformer at 0.175 2.50x -> 2.72x, and the LSTM at 0.2 2.44x ->
+// 2.28x (measured, not understood). The cost: a flag test per candidate, and two square roots
+// per activation the pass has still to read (not measured apart: runtime_bench's fixture
+// has no backward ops).
 // Measured in dtr-sim on activations.md's traces (3 a model x 3 seeds, medians), against w = 0
 // with the backward protection of 10: r = 0.5: ResNet 1.34x -> 1.27x, the LSTM 1.27x -> 1.21x,
 // UNet 1.24x -> 1.28x, the others within 0.01x; r = 0.3: DenseNet 1.67x -> 1.55x, the LSTM
 // 1.95x -> 1.78x, the TreeLSTM 1.29x -> 1.19x, the chain 1.24x -> 1.20x, UNet 2.42x -> 2.53x,
 // ResNet 3.39x -> 3.41x; lower: the TreeLSTM at 0.2 and 0.175 2.11x and 5.04x -> 1.61x and
 // 2.44x (at 0.15 its 30.8x thrash now stops at Note [Recomputation limit]), the LSTM at 0.2
-// 2.90x -> 2.44x. It costs more on UNet (0.45 1.32x -> 1.42x) and near the Transformer's floor
-// (0.175 2.35x -> 2.50x). The estimate makes the activations the pass reads next score up to
+// 2.90x -> 2.44x. It costs more on UNet (0.45 1.32x -> 1.42x, 0.3 and 0.275 by 0.1x), near
+// the Transformer's floor (0.225 1.83x -> 1.90x, 0.175 2.35x -> 2.50x), on the chain at its
+// smallest budgets (0.125 1.90x -> 2.03x, 0.1 2.40x -> 2.92x) and the LSTM at 0.175 (3.54x ->
+// 3.61x). The estimate makes the activations the pass reads next score up to
 // about ten times higher, enough to put the results of the backward pass (Note [Results of the
 // backward pass]) before them again: with a protection of 10, DenseNet at 0.25 went 1.98x ->
 // 4.87x, bringing back batch-norm and convolution gradients; with 100 it is 1.96x. The
@@ -211,10 +224,12 @@ inline Runtime::PartialScore Runtime::StartScore(const PoolEntry& e, HeuristicKi
   PartialScore p;
   p.kind = kind;
   p.in.cost = e.cost;
-  p.in.size = double(int64_t(e.size));  // below 2^56: exact, and one instruction where unsigned takes several
+  p.in.size = double(int64_t(e.size));  // below 2^55: exact, and one instruction where unsigned takes several
   p.in.staleness = std::max(now - e.last_access, 0.0) + 1.0;
-  if ((e.flags & PoolEntry::kAwaitsBackward) && in_backward_pass_) [[unlikely]]
-    p.in.staleness = BackwardStaleness(e.last_access, p.in.staleness);  // Note [Next use in a backward pass]
+  // Note [Next use in a backward pass]: in a backward pass most candidates carry the flag, so no
+  // branch hint.
+  if ((e.flags & PoolEntry::kAwaitsBackward) && in_backward_pass_)
+    p.in.staleness = BackwardStaleness(e.last_access, p.in.staleness);
   if (kind == HeuristicKind::kRandom) p.in.random = std::uniform_real_distribution<double>(0, 1)(rng_);
   if (e.flags & kDampingFlags) [[unlikely]] p.damping = EntryDamping(e);
   return p;
@@ -240,7 +255,7 @@ double Runtime::BackwardStaleness(double last_access, double staleness) const {
   constexpr double kBackwardPace = 2;  // a backward op costs about twice its forward op
   const double d = (backward_mirror_ - last_access) * kBackwardPace + 1.0;
   const double w = config_.backward_next_use;
-  if (w == 0.75) return std::sqrt(std::sqrt(staleness * d * d * d));  // the default, without pow
+  if (w == kDefaultBackwardNextUse) return std::sqrt(std::sqrt(staleness * d * d * d));  // 0.75, without pow
   return std::pow(staleness, 1 - w) * std::pow(d, w);
 }
 

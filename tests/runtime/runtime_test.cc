@@ -1587,7 +1587,8 @@ TEST_F(RuntimeTest, WhatABackwardPassComputedIsTakenAfterActivations) {
 // is read next, and a and b, used long before, much later; by then all three are about as stale.
 // With staleness alone the cheapest, c, goes; with the estimate the search keeps c and takes a,
 // the one read last. What the backward pass has read scores by its staleness again, and so does
-// everything once a forward op ends the pass.
+// everything once a forward op ends the pass. The mirror moves back to the latest forward use
+// among what a backward op (or an in-place one) reads, never forward.
 TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
   for (double weight : {0.0, 0.75, 0.5}) {
     SCOPED_TRACE(weight);
@@ -1614,7 +1615,7 @@ TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
       EXPECT_TRUE(out.ok()) << out.status();
       Check();
     };
-    const double mirror = rt_->storage(d)->last_access;  // read last by the forward pass
+    double mirror = rt_->storage(d)->last_access;  // read last by the forward pass
     backward_op(d, 1000);
     EXPECT_FALSE(rt_->storage(d)->awaits_backward);
     EXPECT_EQ(rt_->storage(c)->awaits_backward, weight > 0);
@@ -1632,14 +1633,41 @@ TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
     if (weight == 0.75) EXPECT_EQ(victim->id, a);  // at 0.5, b, by a hair
     // Read by the backward pass: its staleness alone again. The mirror moves back to c's last
     // forward use, which `loss`, used later and never read, is past: its staleness alone too.
+    const double c_forward = rt_->storage(c)->last_access;
     backward_op(c, 1);
     EXPECT_FALSE(rt_->storage(c)->awaits_backward);
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 0));
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(loss), ScoreWith(loss, 0));
     if (weight > 0) EXPECT_NE(rt_->ScoreOf(b), ScoreWith(b, 0));
+    mirror = c_forward;
+    EXPECT_NEAR(rt_->ScoreOf(a) / expected(a), 1, 1e-12);
+    // The mirror never moves forward: reading `loss` (used after c) leaves it where c put it.
+    backward_op(loss, 1);
+    EXPECT_NEAR(rt_->ScoreOf(a) / expected(a), 1, 1e-12);
+    // An in-place op of the backward pass moves it back to what it reads (b) and clears the flag
+    // of what it reads and writes.
+    const double b_forward = rt_->storage(b)->last_access;
+    std::vector<StorageId> read_b{b}, write_loss{loss};
+    Runtime::MutateCall accumulate{"add_", read_b, write_loss};
+    accumulate.backward = true;
+    ASSERT_TRUE(rt_->Mutate(accumulate, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    Check();
+    mirror = b_forward;
+    EXPECT_FALSE(rt_->storage(b)->awaits_backward);
+    EXPECT_DOUBLE_EQ(rt_->ScoreOf(b), ScoreWith(b, 0));
+    EXPECT_NEAR(rt_->ScoreOf(a) / expected(a), 1, 1e-12);
+    if (weight > 0) EXPECT_NE(rt_->ScoreOf(a), ScoreWith(a, 0));
     // A forward op ends the backward pass.
     filler();
     for (StorageId s : {a, b, c}) EXPECT_DOUBLE_EQ(rt_->ScoreOf(s), ScoreWith(s, 0));
+    // A forward op's in-place write does not flag what it writes (a gradient zeroed before the
+    // forward pass would pull the mirror back to the start of the step).
+    std::vector<StorageId> write_d{d};
+    Runtime::MutateCall zero{"zero_", {}, write_d};
+    zero.overwrites = true;
+    ASSERT_TRUE(rt_->Mutate(zero, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    EXPECT_FALSE(rt_->storage(d)->awaits_backward);
+    Check();
   }
 }
 
