@@ -109,7 +109,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     for (StorageId m : mutated) Detach(m, ConstantReason::kUnreplayableWrite);
   }
   for (StorageId in : inputs) Touch(in);
-  if (config_.backward_next_use > 0) NoteOpDone(call.backward, inputs, {});
+  if (call.backward && config_.backward_next_use > 0) NoteBackwardAccesses(inputs);
   unlock_inputs();
   return absl::OkStatus();
 }

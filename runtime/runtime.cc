@@ -98,15 +98,7 @@ void Runtime::NoteOpStart(bool backward, absl::Span<const StorageId> inputs) {
   if (latest >= 0) backward_mirror_ = std::min(backward_mirror_, latest);
 }
 
-void Runtime::NoteOpDone(bool backward, absl::Span<const StorageId> accessed,
-                         absl::Span<const StorageId> created) {
-  if (!backward) {
-    for (StorageId out : created) {
-      rec(out).awaits_backward = true;
-      RefreshPoolEntry(rec(out));
-    }
-    return;
-  }
+void Runtime::NoteBackwardAccesses(absl::Span<const StorageId> accessed) {
   for (StorageId id : accessed) {
     StorageRecord& r = rec(id);
     if (!r.awaits_backward) continue;
@@ -253,6 +245,8 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     StorageRecord r;
     r.size = size;
     r.external_refs = 1;
+    // Note [Next use in a backward pass]: set here, so the pool entry SyncPool makes carries it.
+    r.awaits_backward = !call.backward && config_.backward_next_use > 0;
     outputs.push_back(storages_.Insert(std::move(r)));
   }
   memory_ += out_bytes;
@@ -312,7 +306,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     SyncPool(out);
   }
   for (StorageId in : inputs) Touch(in);
-  if (config_.backward_next_use > 0) NoteOpDone(call.backward, inputs, outputs);
+  if (call.backward && config_.backward_next_use > 0) NoteBackwardAccesses(inputs);
   unlock_inputs();
   return outputs;
 }

@@ -204,10 +204,10 @@ class Runtime {
   }
   void AdvanceClock(double cost);
   // Note [Next use in a backward pass] (eviction_search.cc): a program op starts (moves the
-  // mirror back to what a backward op reads), and has run (marks what it computed, read or
-  // wrote). Out of line: once an op each.
+  // mirror back to what a backward op reads), and a backward op has read or written `accessed`
+  // (clears their flag; a forward op's outputs get theirs when Compute makes their records).
   void NoteOpStart(bool backward, absl::Span<const StorageId> inputs);
-  void NoteOpDone(bool backward, absl::Span<const StorageId> accessed, absl::Span<const StorageId> created);
+  void NoteBackwardAccesses(absl::Span<const StorageId> accessed);
   // The staleness a candidate that awaits the backward pass scores with, while one is under way.
   double BackwardStaleness(double last_access, double staleness) const;
   void UpdatePeak(uint64_t transient);
