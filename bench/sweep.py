@@ -39,6 +39,10 @@ FINE_STEP = 0.025
 FINE_COUNT = 3
 SIM_RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
 QUICK_SIM_RATIOS = [1.0, 0.7, 0.5, 0.3]
+# Issue 16 item 3 sets budgets on activations, static + r x (peak - static), static being the
+# parameters, gradients, optimizer state and batches; the chain-shaped models are compared with
+# Rotor there too, beside the grid of peak ratios.
+ACTIVATION_RS = [0.5, 0.3]
 # A recognizable op the trace worker runs between building the model and training (see trace_split).
 TRACE_MARK_BYTES = 4099
 NON_BINDING_BUDGET = 1 << 40  # 1 TiB
@@ -281,8 +285,10 @@ def steady_overhead(d, warmup):
     return ((end["total_cost"] - end["base_cost"]) - (start["total_cost"] - start["base_cost"])) / base
 
 
-def run_sim(runner, trace, heuristic, ratio):
-    argv = [runner.sim, "--trace", trace, "--ratio", f"{ratio:g}", "--heuristic", heuristic, "--seed", "1"]
+def run_sim(runner, trace, heuristic, ratio, budget=None):
+    """One dtr-sim run at `ratio` of the trace's peak, or at `budget` bytes when given."""
+    limit = ["--budget", str(int(budget))] if budget is not None else ["--ratio", f"{ratio:g}"]
+    argv = [runner.sim, "--trace", trace] + limit + ["--heuristic", heuristic, "--seed", "1"]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=SIM_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
@@ -326,6 +332,17 @@ def simulate(runner, bm, work):
     # The lower bound under no budget: unevictable bytes plus the worst op's operands. No
     # schedule, dtr's or another, trains in less (issue 16 item 1).
     sim["floor_bytes"] = ok[0]["floor_bytes"] if ok else None
+    # Issue 16 item 3's budgets on activations, under the default heuristic.
+    sim["activation_runs"] = []
+    if sim["peak_bytes"] and DEFAULT_HEURISTIC in sim["runs"]:
+        static = info["static_bytes"]
+        for r in ACTIVATION_RS:
+            budget = int(static + r * (sim["peak_bytes"] - static))
+            d = run_sim(runner, trace, DEFAULT_HEURISTIC, budget / sim["peak_bytes"], budget=budget)
+            d["overhead"] = steady_overhead(d, a.trace_warmup)
+            del d["marks"]
+            d["activation_r"] = r
+            sim["activation_runs"].append(d)
     return sim
 
 
@@ -403,18 +420,24 @@ def chain_baselines(runner, bm, sim, work):
     sim_peak = sim["peak_bytes"]
     res["sim_activation_peak_bytes"] = sim_peak - nonchain
     ref = {d["ratio"]: d for d in sim["runs"][a.sim_heuristics[0]]}
-    rows = []
-    for r in a.sim_ratios:
-        sb = ref[r]["budget_bytes"] if ref.get(r) and ref[r].get("budget_bytes") else int(round(r * sim_peak))
-        removed = sim_peak - sb
+
+    def aligned(ratio, sb):
         # Two alignments (see the report): "raw" gives the chain the simulator's budget less the
         # non-activation bytes; "calibrated" takes the same bytes away from each side's own peak
         # (the chains' peak: that of the step with the largest one, as the trace's peak is).
-        rows.append({"ratio": r, "sim_budget_bytes": sb, "removed_bytes": removed,
-                     "raw_budget_bytes": sb - nonchain, "calibrated_budget_bytes": [max(peaks) - removed] * len(peaks)})
+        removed = sim_peak - sb
+        return {"ratio": ratio, "sim_budget_bytes": sb, "removed_bytes": removed,
+                "raw_budget_bytes": sb - nonchain, "calibrated_budget_bytes": [max(peaks) - removed] * len(peaks)}
+
+    rows = [aligned(r, ref[r]["budget_bytes"] if ref.get(r) and ref[r].get("budget_bytes") else int(round(r * sim_peak)))
+            for r in a.sim_ratios]
+    # Issue 16 item 3: the same comparison at the budgets on activations (simulate's activation_runs).
+    act_rows = [dict(aligned(d["ratio"], d["budget_bytes"]), activation_r=d["activation_r"])
+                for d in sim.get("activation_runs", []) if d.get("budget_bytes")]
     outs = []
     for i, f in enumerate(files):
-        want = sorted({row["raw_budget_bytes"] for row in rows} | {row["calibrated_budget_bytes"][i] for row in rows})
+        want = sorted({row["raw_budget_bytes"] for row in rows + act_rows} |
+                      {row["calibrated_budget_bytes"][i] for row in rows + act_rows})
         want = [b for b in want if b > 0]
         outs.append(run_chain(runner, f, want)[1] if want else {})
     planners = sorted({p for out in outs for (p, _) in out})
@@ -429,10 +452,11 @@ def chain_baselines(runner, bm, sim, work):
         mk, base = sum(d["makespan"] for d in per), sum(d["base_cost"] for d in per)
         return {"status": "ok", "overhead": mk / base - 1.0, "peak_bytes": max(d.get("peak_bytes", 0) for d in per)}
 
-    for row in rows:
+    for row in rows + act_rows:
         row["planners"] = {p: combine(p, row["calibrated_budget_bytes"]) for p in planners}
         row["raw_planners"] = {p: combine(p, [row["raw_budget_bytes"]] * len(files)) for p in planners}
     res["rows"] = rows
+    res["activation_rows"] = act_rows
     return res
 
 
@@ -653,6 +677,12 @@ def sim_section(results, a):
                 cells.append(x(1 + d["overhead"]) if d["status"] == "ok" and d["overhead"] is not None else d["status"])
             L.append(f"| {r:g} | " + " | ".join(cells) + " |")
         L.append("\n" + caption_sim(sim, hs) + "\n")
+        act = [f"r = {d['activation_r']:g} ({d['ratio']:.3f} of the trace peak) "
+               + (x(1 + d["overhead"]) if d["status"] == "ok" and d["overhead"] is not None else d["status"])
+               for d in sim.get("activation_runs", [])]
+        if act:
+            L.append(f"Budgets on activations (static + r × (trace peak − static), static {mib(sim['info']['static_bytes'])}), "
+                     f"{DEFAULT_HEURISTIC}: " + ", ".join(act) + ".\n")
     return "\n".join(L)
 
 
@@ -769,6 +799,9 @@ def chain_section(results, a):
         if base_only:
             text.append(f"a planner fits where {DEFAULT_HEURISTIC} does not at ratio {', '.join(f'{r:g}' for r in base_only)}")
         L.append(("; ".join(text) + ".\n") if text else f"No budget where {DEFAULT_HEURISTIC} and a planner both have overhead.\n")
+        act = activation_comparison(res, ch)
+        if act:
+            L.append(act + "\n")
     others = [r["name"] for r in results if r.get("sim") and not r.get("chain")]
     if others:
         L.append(f"No planner applies to {', '.join(others)}: not a chain of stages (skip connections across "
@@ -776,6 +809,33 @@ def chain_section(results, a):
     if not any_rows:
         L.append("No chain-shaped model in this run.\n")
     return "\n".join(L)
+
+
+def activation_comparison(res, ch):
+    """Issue 16 item 3's chain point as a sentence: dtr's simulated step against Rotor's at the budgets
+    on activations (static + r x activations), or None without those rows."""
+    sims = {d["activation_r"]: d for d in res["sim"].get("activation_runs", [])}
+    parts = []
+    for row in ch.get("activation_rows", []):
+        r = row["activation_r"]
+        d = sims.get(r)
+        rotor, raw = row["planners"].get("rotor", {}), row["raw_planners"].get("rotor", {})
+        where = f"r = {r:g} ({row['ratio']:.3f} of the trace peak)"
+        if not d or d["status"] != "ok" or d["overhead"] is None:
+            parts.append(f"at {where} {DEFAULT_HEURISTIC} runs out of memory")
+        elif rotor.get("status") != "ok":
+            parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit")
+        else:
+            step = (1 + d["overhead"]) / (1 + rotor["overhead"])
+            raw_step = (f"; raw alignment {(1 + d['overhead']) / (1 + raw['overhead']):.2f}×"
+                        if raw.get("status") == "ok" else "; raw alignment: Rotor infeasible")
+            parts.append(f"at {where} {DEFAULT_HEURISTIC}'s simulated step is {step:.2f}× Rotor's "
+                         f"({pct(d['overhead'])} against {pct(rotor['overhead'])}{raw_step})")
+    if not parts:
+        return None
+    static = res["sim"]["info"]["static_bytes"]
+    return (f"Budgets on activations (issue 16 item 3: static + r × (trace peak − static), static "
+            f"{mib(static)}: parameters, gradients, optimizer state, batches): " + "; ".join(parts) + ".")
 
 
 def floor_ratio(res):

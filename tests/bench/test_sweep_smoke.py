@@ -106,6 +106,32 @@ def test_simulator_rows(report):
             assert any(d["status"] == "ok" and d["overhead"] >= 0 for d in rotor), m["name"]
 
 
+@SWEEP_REPORT
+def test_activation_budget_rows(report):
+    """Issue 16 item 3's budgets on activations: dtr-sim at static + r x (peak - static) for each r, and
+    for a chain-shaped model Rotor's plan at the same budgets, both in the report."""
+    out, data, has_chain = report
+    md = (out / "cpu.md").read_text()
+    for m in data["models"]:
+        sim = m["sim"]
+        static, peak = sim["info"]["static_bytes"], sim["peak_bytes"]
+        runs = sim["activation_runs"]
+        assert [d["activation_r"] for d in runs] == [0.5, 0.3], m["name"]
+        for d in runs:
+            assert d["budget_bytes"] == int(static + d["activation_r"] * (peak - static)), (m["name"], d)
+            assert d["ratio"] == pytest.approx(d["budget_bytes"] / peak)
+            if d["status"] == "ok":
+                assert d["peak_bytes"] <= d["budget_bytes"] and d["overhead"] >= 0, (m["name"], d)
+        assert f"r = 0.5 ({runs[0]['ratio']:.3f} of the trace peak)" in md, m["name"]
+        if m.get("chain") and has_chain:
+            rows = m["chain"]["activation_rows"]
+            assert [row["activation_r"] for row in rows] == [0.5, 0.3], m["name"]
+            for row, d in zip(rows, runs):
+                assert row["sim_budget_bytes"] == d["budget_bytes"]
+                assert row["planners"]["rotor"]["status"] in ("ok", "infeasible")
+            assert "Budgets on activations (issue 16 item 3" in md and "Rotor's" in md
+
+
 def test_activation_budgets_table(tmp_path):
     """bench/activation_budgets.py on the chain: a trace of 3 steps measured after a warm-up step, a
     floor below the peak, and a table that starts at r=1 (ratio 1.00x) and goes down until out of
