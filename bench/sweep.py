@@ -324,7 +324,7 @@ def simulate(runner, bm, work):
             # to the end (Note [Steady-state steps], runtime/sim/simulator.h: the warm-up steps run
             # before the gradients and the optimizer state exist, and cold).
             d["overhead"] = steady_overhead(d, a.trace_warmup)
-            del d["marks"]  # read once: cpu.json keeps the overhead
+            d.pop("marks", None)  # read once: cpu.json keeps the overhead (a timed-out run has none)
             rows.append(d)
         sim["runs"][h] = rows
     ok = [d for d in sim["runs"][a.sim_heuristics[0]] if d["ratio"] == 1.0 and d["status"] == "ok"]
@@ -340,7 +340,7 @@ def simulate(runner, bm, work):
             budget = int(static + r * (sim["peak_bytes"] - static))
             d = run_sim(runner, trace, DEFAULT_HEURISTIC, budget / sim["peak_bytes"], budget=budget)
             d["overhead"] = steady_overhead(d, a.trace_warmup)
-            del d["marks"]
+            d.pop("marks", None)
             d["activation_r"] = r
             sim["activation_runs"].append(d)
     return sim
@@ -822,7 +822,8 @@ def activation_comparison(res, ch):
         rotor, raw = row["planners"].get("rotor", {}), row["raw_planners"].get("rotor", {})
         where = f"r = {r:g} ({row['ratio']:.3f} of the trace peak)"
         if not d or d["status"] != "ok" or d["overhead"] is None:
-            parts.append(f"at {where} {DEFAULT_HEURISTIC} runs out of memory")
+            status = d["status"] if d else "no run"
+            parts.append(f"at {where} {DEFAULT_HEURISTIC}: " + ("out of memory" if status == "oom" else status))
         elif rotor.get("status") != "ok":
             parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit")
         else:
