@@ -292,7 +292,8 @@ def run_sim(runner, trace, heuristic, ratio, budget=None):
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=SIM_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
-        return {"ratio": ratio, "status": f"timeout ({SIM_TIMEOUT_SECONDS} s)", "overhead": None}
+        return {"ratio": ratio, "status": f"timeout ({SIM_TIMEOUT_SECONDS} s)", "overhead": None,
+                "budget_bytes": int(budget) if budget is not None else None}
     lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise WorkerError(f"dtr-sim gave no JSON for {trace} {heuristic} {ratio}: rc {r.returncode}\n{r.stderr[-2000:]}")
@@ -433,7 +434,7 @@ def chain_baselines(runner, bm, sim, work):
             for r in a.sim_ratios]
     # Issue 16 item 3: the same comparison at the budgets on activations (simulate's activation_runs).
     act_rows = [dict(aligned(d["ratio"], d["budget_bytes"]), activation_r=d["activation_r"])
-                for d in sim.get("activation_runs", []) if d.get("budget_bytes")]
+                for d in sim.get("activation_runs", []) if d.get("budget_bytes") is not None]
     outs = []
     for i, f in enumerate(files):
         want = sorted({row["raw_budget_bytes"] for row in rows + act_rows} |
@@ -678,7 +679,8 @@ def sim_section(results, a):
             L.append(f"| {r:g} | " + " | ".join(cells) + " |")
         L.append("\n" + caption_sim(sim, hs) + "\n")
         act = [f"r = {d['activation_r']:g} ({d['ratio']:.3f} of the trace peak) "
-               + (x(1 + d["overhead"]) if d["status"] == "ok" and d["overhead"] is not None else d["status"])
+               + (x(1 + d["overhead"]) if d["status"] == "ok" and d["overhead"] is not None
+                  else activation_run_status(d, sim))
                for d in sim.get("activation_runs", [])]
         if act:
             L.append(f"Budgets on activations (static + r × (trace peak − static), static {mib(sim['info']['static_bytes'])}), "
@@ -811,6 +813,18 @@ def chain_section(results, a):
     return "\n".join(L)
 
 
+def activation_run_status(d, sim):
+    """A budget-on-activations run that did not train, in words (the floor named when it is why)."""
+    if d["status"] == "oom" and sim.get("floor_bytes") and d["budget_bytes"] < sim["floor_bytes"]:
+        return "out of memory (the budget is below the trace's floor, Note [Memory floor])"
+    return "out of memory" if d["status"] == "oom" else d["status"]
+
+
+def step_ratio(dtr_overhead, planner_overhead):
+    """dtr's simulated step time over a planner's, each as 1 + overhead on its own base cost."""
+    return (1 + dtr_overhead) / (1 + planner_overhead)
+
+
 def activation_comparison(res, ch):
     """Issue 16 item 3's chain point as a sentence: dtr's simulated step against Rotor's at the budgets
     on activations (static + r x activations), or None without those rows."""
@@ -821,17 +835,17 @@ def activation_comparison(res, ch):
         d = sims.get(r)
         rotor, raw = row["planners"].get("rotor", {}), row["raw_planners"].get("rotor", {})
         where = f"r = {r:g} ({row['ratio']:.3f} of the trace peak)"
+        raw_text = (f"raw alignment {step_ratio(d['overhead'], raw['overhead']):.2f}×"
+                    if d and d["status"] == "ok" and d["overhead"] is not None and raw.get("status") == "ok"
+                    else "raw alignment: Rotor infeasible" if raw.get("status") != "ok" else None)
         if not d or d["status"] != "ok" or d["overhead"] is None:
-            status = d["status"] if d else "no run"
-            parts.append(f"at {where} {DEFAULT_HEURISTIC}: " + ("out of memory" if status == "oom" else status))
+            parts.append(f"at {where} {DEFAULT_HEURISTIC}: " + (activation_run_status(d, res["sim"]) if d else "no run"))
         elif rotor.get("status") != "ok":
-            parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit")
+            parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit ({raw_text})")
         else:
-            step = (1 + d["overhead"]) / (1 + rotor["overhead"])
-            raw_step = (f"; raw alignment {(1 + d['overhead']) / (1 + raw['overhead']):.2f}×"
-                        if raw.get("status") == "ok" else "; raw alignment: Rotor infeasible")
-            parts.append(f"at {where} {DEFAULT_HEURISTIC}'s simulated step is {step:.2f}× Rotor's "
-                         f"({pct(d['overhead'])} against {pct(rotor['overhead'])}{raw_step})")
+            parts.append(f"at {where} {DEFAULT_HEURISTIC}'s simulated step time is "
+                         f"{step_ratio(d['overhead'], rotor['overhead']):.2f}× Rotor's "
+                         f"({pct(d['overhead'])} against {pct(rotor['overhead'])} overhead; {raw_text})")
     if not parts:
         return None
     static = res["sim"]["info"]["static_bytes"]
