@@ -23,7 +23,7 @@ constexpr const char* kUsage = R"(usage:
           [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
           [--rebuild-protection K] [--backward-protection K] [--backward-next-use W]
           [--pending-protection K]
-          [--input-locks lazy|eager] [--check]
+          [--input-locks lazy|eager] [--check] [--log-remats]
   dtr-sim --generate KIND [--n N] [--seed N] [--b B] [--heuristic NAME]
   dtr-sim --list-heuristics
 Replays a dtr trace (format: runtime/sim/trace.h) under a memory budget and prints one JSON line.
@@ -55,6 +55,9 @@ not (default 256; 0: always sample; Note [Small pools are searched whole]).
 (default 64; 0: no limit; Note [Bounded neighborhood walks]).
 --input-locks eager locks every input of an op before bringing any back (the rule until stop 38);
 lazy, the default, locks an input once it is back (Note [Lazy input locks]).
+--log-remats adds "remat_events" to the JSON: every trace event whose replay rematerialized
+something (event index, op, pass, whether it was in place, rematerializations, their cost), to see
+where a run's recomputation goes.
 )";
 
 int Fail(const std::string& message) {
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--check") {
       options.check_invariants = true;
+    } else if (arg == "--log-remats") {
+      options.log_remats = true;
     } else if (arg == "--full-walks") {
       options.runtime.cut_losing_walks = false;
     } else if (arg == "--replays-refresh-staleness") {

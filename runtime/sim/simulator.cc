@@ -158,6 +158,18 @@ std::string SimResult::ToJson(const RuntimeConfig& config) const {
                                     m.event, m.base_cost, m.total_cost, m.evictions, m.rematerializations));
   }
   absl::StrAppend(&json, "]");
+  if (!remat_events.empty()) {
+    absl::StrAppend(&json, ", \"remat_events\": [");
+    for (size_t i = 0; i < remat_events.size(); ++i) {
+      const RematEvent& r = remat_events[i];
+      absl::StrAppend(&json, i ? ", " : "", "{\"event\": ", r.event, ", \"op\": ", JsonString(r.op), ", ",
+                      absl::StrFormat("\"pass\": \"%s\", \"mutate\": %s, \"rematerializations\": %d, "
+                                      "\"remat_cost\": %.17g}",
+                                      r.backward ? "backward" : "forward", r.mutate ? "true" : "false",
+                                      r.rematerializations, r.remat_cost));
+    }
+    absl::StrAppend(&json, "]");
+  }
   if (!ok) absl::StrAppend(&json, ", \"error\": ", JsonString(error));
   return json + "}";
 }
@@ -197,8 +209,17 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
 
   std::vector<StorageId> inputs, mutated, others;
   std::vector<uint64_t> sizes;
+  // SimOptions::log_remats: the counters before the event, to tell what it rematerialized.
+  auto note_remats = [&](size_t ei, const TraceEvent& e, size_t remats_before, double cost_before) {
+    const RuntimeStats& st = rt.stats();
+    if (st.rematerializations == remats_before) return;
+    result.remat_events.push_back(RematEvent{ei, e.name, e.backward, e.kind == EventKind::kMutate,
+                                             st.rematerializations - remats_before, st.remat_cost - cost_before});
+  };
   for (size_t ei = 0; ei < trace.events.size(); ++ei) {
     const TraceEvent& e = trace.events[ei];
+    const size_t remats_before = options.log_remats ? rt.stats().rematerializations : 0;
+    const double remat_cost_before = options.log_remats ? rt.stats().remat_cost : 0;
     uint64_t handle = ei;
     absl::Status status;
     switch (e.kind) {
@@ -290,6 +311,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
       }
     }
     ++result.events_replayed;
+    if (options.log_remats) note_remats(ei, e, remats_before, remat_cost_before);
     if (!status.ok()) return finish(status);
     if (!backend.failure().ok()) return backend.failure();
     if (backend.resident_bytes() != rt.memory())

@@ -20,6 +20,19 @@ struct SimOptions {
   RuntimeConfig runtime;
   // Run Runtime::CheckInvariants after every event (slow: O(records) per event).
   bool check_invariants = false;
+  // Keep a RematEvent for every trace event that rematerialized something (SimResult::remat_events).
+  bool log_remats = false;
+};
+
+// A trace event whose replay rematerialized storages (its inputs, or, for an in-place op, the
+// held readers of what it overwrites: Note [Mutation]): where the recomputation of a run goes.
+struct RematEvent {
+  size_t event = 0;   // index in the trace's events
+  std::string op;     // the trace event's op name
+  bool backward = false;  // pass=backward in the trace
+  bool mutate = false;    // an in-place op (a `mutate` event)
+  size_t rematerializations = 0;
+  double remat_cost = 0;
 };
 
 // Note [Steady-state steps]: a training run's first step is not like the others. Before it the
@@ -46,10 +59,12 @@ struct SimResult {
   size_t events_replayed = 0;
   RuntimeStats stats;
   std::vector<MarkCosts> marks;  // each `mark` replayed, in order (an out-of-memory run: those reached)
+  std::vector<RematEvent> remat_events;  // SimOptions::log_remats: in trace order
 
   double compute_ratio() const { return base_cost > 0 ? total_cost / base_cost : 1.0; }
   // One JSON object: status, budget_bytes, peak_bytes, base_cost, total_cost, compute_ratio,
-  // evictions, rematerializations, the rest of the stats and the marks.
+  // evictions, rematerializations, the rest of the stats, the marks and, when logged, the
+  // remat_events.
   std::string ToJson(const RuntimeConfig& config) const;
 };
 

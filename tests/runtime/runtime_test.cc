@@ -1628,9 +1628,14 @@ TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
     for (StorageId s : {a, b, c}) EXPECT_NEAR(rt_->ScoreOf(s) / expected(s), 1, 1e-12);
     auto victim = rt_->NextVictim();
     ASSERT_TRUE(victim.has_value());
-    if (weight == 0) EXPECT_EQ(victim->id, c);
-    else EXPECT_NE(victim->id, c);
-    if (weight == 0.75) EXPECT_EQ(victim->id, a);  // at 0.5, b, by a hair
+    if (weight == 0) {
+      EXPECT_EQ(victim->id, c);
+    } else {
+      EXPECT_NE(victim->id, c);
+    }
+    if (weight == 0.75) {
+      EXPECT_EQ(victim->id, a);  // at 0.5, b, by a hair
+    }
     // Read by the backward pass: its staleness alone again. The mirror moves back to c's last
     // forward use, which `loss`, used later and never read, is past: its staleness alone too.
     const double c_forward = rt_->storage(c)->last_access;
@@ -1638,7 +1643,9 @@ TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
     EXPECT_FALSE(rt_->storage(c)->awaits_backward);
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(c), ScoreWith(c, 0));
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(loss), ScoreWith(loss, 0));
-    if (weight > 0) EXPECT_NE(rt_->ScoreOf(b), ScoreWith(b, 0));
+    if (weight > 0) {
+      EXPECT_NE(rt_->ScoreOf(b), ScoreWith(b, 0));
+    }
     mirror = c_forward;
     EXPECT_NEAR(rt_->ScoreOf(a) / expected(a), 1, 1e-12);
     // The mirror never moves forward: reading `loss` (used after c) leaves it where c put it.
@@ -1656,7 +1663,9 @@ TEST_F(RuntimeTest, ABackwardPassTakesFirstWhatItWillReadLast) {
     EXPECT_FALSE(rt_->storage(b)->awaits_backward);
     EXPECT_DOUBLE_EQ(rt_->ScoreOf(b), ScoreWith(b, 0));
     EXPECT_NEAR(rt_->ScoreOf(a) / expected(a), 1, 1e-12);
-    if (weight > 0) EXPECT_NE(rt_->ScoreOf(a), ScoreWith(a, 0));
+    if (weight > 0) {
+      EXPECT_NE(rt_->ScoreOf(a), ScoreWith(a, 0));
+    }
     // A forward op ends the backward pass.
     filler();
     for (StorageId s : {a, b, c}) EXPECT_DOUBLE_EQ(rt_->ScoreOf(s), ScoreWith(s, 0));

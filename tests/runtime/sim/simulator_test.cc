@@ -264,6 +264,76 @@ call u 1 g a -> u:0
   }
 }
 
+// SimOptions::log_remats: each event that rematerialized is listed with what it cost, and the
+// list adds up to the run's counters; off, nothing is listed or printed.
+TEST(Simulator, LoggedRematerializationsNameTheEventsThatCausedThem) {
+  auto trace = ParseTrace(R"(dtr-trace 4
+const x 10
+call g 5 pass=backward x -> g:100
+call rg 0 pass=backward g -> rg:0
+call a 7 x -> a:100
+call ra 0 a -> ra:0
+call w 20 x -> w:0
+call c 1 x -> c:100
+release c
+call u 1 g a -> u:0
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (double protection : {1.0, 10.0}) {
+    SimOptions options = Options(210, HeuristicKind::kDtr);
+    options.runtime.search = SearchMode::kExact;
+    options.runtime.backward_protection = protection;
+    options.log_remats = true;
+    auto result = Simulate(*trace, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->ok) << result->error;
+    ASSERT_EQ(result->remat_events.size(), 1u) << protection;
+    const RematEvent& r = result->remat_events[0];
+    EXPECT_EQ(r.event, 8u);  // `call u`, which reads the evicted g (protection 1) or a (10)
+    EXPECT_EQ(r.op, "u");
+    EXPECT_FALSE(r.backward);
+    EXPECT_FALSE(r.mutate);
+    EXPECT_EQ(r.rematerializations, 1u);
+    EXPECT_EQ(r.remat_cost, protection == 1 ? 5 : 7);
+    EXPECT_THAT(result->ToJson(options.runtime),
+                HasSubstr(absl::StrCat("\"remat_events\": [{\"event\": 8, \"op\": \"u\", \"pass\": \"forward\", "
+                                       "\"mutate\": false, \"rematerializations\": 1, \"remat_cost\": ",
+                                       protection == 1 ? 5 : 7, "}]")));
+  }
+
+  Trace chain = Generate("chain", 200);
+  auto peak = UnconstrainedPeak(chain);
+  ASSERT_TRUE(peak.ok());
+  SimOptions options = Options(*peak / 3, HeuristicKind::kDtr);
+  for (bool log : {false, true}) {
+    options.log_remats = log;
+    auto result = Simulate(chain, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->ok) << result->error;
+    ASSERT_GT(result->stats.rematerializations, 0u);
+    if (!log) {
+      EXPECT_TRUE(result->remat_events.empty());
+      EXPECT_THAT(result->ToJson(options.runtime), Not(HasSubstr("remat_events")));
+      continue;
+    }
+    size_t remats = 0;
+    double cost = 0;
+    size_t last = 0;
+    for (const RematEvent& r : result->remat_events) {
+      EXPECT_GT(r.rematerializations, 0u);
+      EXPECT_LT(r.event, chain.events.size());
+      EXPECT_EQ(r.op, chain.events[r.event].name);
+      EXPECT_EQ(r.backward, chain.events[r.event].backward);
+      EXPECT_TRUE(r.event > last || remats == 0) << "in trace order";
+      last = r.event;
+      remats += r.rematerializations;
+      cost += r.remat_cost;
+    }
+    EXPECT_EQ(remats, result->stats.rematerializations);
+    EXPECT_DOUBLE_EQ(cost, result->stats.remat_cost);
+  }
+}
+
 // A run out of memory reports the marks it reached, and only those; labels are JSON-escaped.
 TEST(Simulator, AnOutOfMemoryRunReportsTheMarksItReached) {
   auto trace = ParseTrace(R"(dtr-trace 3
