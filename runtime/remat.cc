@@ -2,7 +2,10 @@
 // stack of frames (no recursion), keeping evicted siblings a replay recomputes, leaving their
 // staleness as it was, and counting rematerializations for thrash damping (Note [Thrashing],
 // eviction_search.cc).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -160,16 +163,48 @@ namespace dtr {
 // its peak: 7.0 s against 7.7 s plain, 12 ms recomputing) and the training failed.
 // bench/results/runtime.md, stop 52.
 
+// Note [Thrashing rematerializations]
+// The window above weighs costs over thousands of ops, so one op whose inputs take a runaway
+// rematerialization passes it: in dtr-sim a TreeLSTM at r = 0.175 of its activations (one trace
+// of three) took a step 135x its own cost and the run 37.6x, its worst op replaying 60,109 ops
+// while about 1,070 op records were alive, and at r = 0.15 a trace "trained" at 34x. A
+// rematerialization that does not thrash replays each recorded op at most once, again only when
+// what it rebuilt is evicted before it is read; over issue 16's activation budgets on every
+// benchmark trace (3 traces x 3 seeds, r = 0.5 down to 0.1) the most one program op replayed
+// was 4.7 times the live op records in runs that trained (the LSTM at r = 0.175, 6.4x), and 35 to
+// 62 times in those that thrashed; of 792 runs (r = 0.9 to 0.1) only those TreeLSTM runs changed
+// (activations.md, "A runaway rematerialization stops"). So, besides the window, the replays made for one
+// program op (counted from the last op the program ran: Compute, Mutate, Access or an
+// unrecorded op's cost) may not exceed kThrashReplaysPerRecord times the live op records, and
+// at least kThrashReplaysFloor: past that the replay fails with the same out-of-memory error,
+// telling the budget is too small. A count, not a cost, so the ops' timing (the window's weakness
+// in real runs, stop 52) does not enter. DTR_MAX_RECOMPUTE=0 turns both limits off.
+constexpr uint64_t kThrashReplaysPerRecord = 16;
+constexpr uint64_t kThrashReplaysFloor = 1024;
+
 using runtime_internal::ContainsValue;
 using runtime_internal::IdString;
 
 void Runtime::NoteBaseCost(double cost) {
   window_base_cost_ = window_base_cost_ * window_decay_ + cost;
   window_overhead_cost_ *= window_decay_;
+  replays_for_op_ = 0;  // Note [Thrashing rematerializations]
 }
 
 absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
   const double limit = config_.max_recompute_ratio;
+  // Note [Thrashing rematerializations]
+  const uint64_t most_replays = std::max<uint64_t>(kThrashReplaysPerRecord * ops_.size(), kThrashReplaysFloor);
+  if (limit > 0 && replays_for_op_ >= most_replays) {
+    const uint64_t replays = std::exchange(replays_for_op_, 0);
+    window_overhead_cost_ = 0;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "dtr: the memory budget is too small for this program: bringing back what its next op needs "
+        "has replayed %d ops, more than %d times the %d ops dtr has recorded, so it keeps evicting "
+        "what it has just rebuilt (%s must be replayed next). Raise the budget, or set "
+        "DTR_MAX_RECOMPUTE=0 to allow any slowdown (Note [Thrashing rematerializations]).",
+        replays, kThrashReplaysPerRecord, ops_.size(), op_name));
+  }
   // No work of the program's own to weigh against (nothing run yet, or costs corrected to 0).
   if (limit <= 0 || window_base_cost_ <= 0 || window_overhead_cost_ <= limit * window_base_cost_)
     return absl::OkStatus();
@@ -415,6 +450,7 @@ absl::Status Runtime::RunReplay(OpId id, const OpRecord& op, uint64_t output_byt
   if (!cost.ok()) return cost.status();
   NotePendingReplayed(id);  // Note [Inputs a rematerialization will read]
   ++stats_.replays;
+  ++replays_for_op_;  // Note [Thrashing rematerializations]
   stats_.remat_cost += *cost;
   window_overhead_cost_ += *cost;
   AdvanceClock(*cost);

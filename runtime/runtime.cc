@@ -319,6 +319,7 @@ absl::Status Runtime::Access(StorageId id, double cost) {
     AdvanceClock(cost);
     stats_.base_cost += cost;
     window_base_cost_ += cost;
+    replays_for_op_ = 0;  // Note [Thrashing rematerializations]
     Touch(id);
   }
   Unlock(id);

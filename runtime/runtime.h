@@ -137,7 +137,10 @@ class Runtime {
   absl::Status SetBudget(uint64_t budget_bytes);
   // Note [Recomputation limit] (remat.cc): forgets the recent replays, for a caller whose budget
   // is enforced elsewhere (the torch layer's allocators) when that budget changes.
-  void RestartRecomputationWindow() { window_overhead_cost_ = 0; }
+  void RestartRecomputationWindow() {
+    window_overhead_cost_ = 0;
+    replays_for_op_ = 0;  // Note [Thrashing rematerializations]
+  }
   // Note [Recomputation limit]: time a caller spent choosing and evicting victims outside the
   // runtime's own searches (the torch layer's allocators), counted like replays.
   void AddSearchCost(double cost) { window_overhead_cost_ += std::max(cost, 0.0); }
@@ -426,6 +429,7 @@ class Runtime {
   void NotePendingReplayed(OpId id);
   // Note [Recomputation limit] (remat.cc): decayed sums over the recent ops.
   double window_base_cost_ = 0, window_overhead_cost_ = 0;  // the program's ops; replays and searches
+  uint64_t replays_for_op_ = 0;  // replays since the program's last op: Note [Thrashing rematerializations]
   double window_decay_ = 1;  // per recorded op: 2^(-1 / recompute_half_life_ops)
   void NoteBaseCost(double cost);
   absl::Status CheckRecomputation(absl::string_view op_name);

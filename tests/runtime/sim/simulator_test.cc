@@ -2,6 +2,8 @@
 // value checking, budget enforcement and the output condition.
 #include "runtime/sim/simulator.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
@@ -332,6 +334,37 @@ call u 1 g a -> u:0
     EXPECT_EQ(remats, result->stats.rematerializations);
     EXPECT_DOUBLE_EQ(cost, result->stats.remat_cost);
   }
+}
+
+// Note [Thrashing rematerializations]: a generated TreeLSTM at 0.3 of its peak trains only by
+// replaying one op's inputs dozens of times over (82.6x with no limit, 20 s of simulation, so not
+// run here): the count limit stops it with the out-of-memory error before the cost window would
+// (at 17.8x), and a budget that trains without thrashing runs the same with or without it.
+TEST(Simulator, AThrashingRematerializationStopsWithAClearError) {
+  Trace trace = Generate("treelstm", 150);
+  auto peak = UnconstrainedPeak(trace);
+  ASSERT_TRUE(peak.ok());
+  SimOptions options;  // as `dtr-sim --generate treelstm --n 150 | dtr-sim --ratio 0.3 --seed 1`
+  options.runtime.search = SearchMode::kSampled;
+  options.runtime.seed = 1;
+  options.runtime.budget_bytes = uint64_t(std::floor(0.3 * double(*peak)));
+  auto limited = Simulate(trace, options);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_FALSE(limited->ok);
+  EXPECT_THAT(limited->error, HasSubstr("keeps evicting what it has just rebuilt"));
+  EXPECT_THAT(limited->error, HasSubstr("DTR_MAX_RECOMPUTE=0"));
+  EXPECT_THAT(limited->error, Not(HasSubstr("useful speed")));  // not the cost window
+  EXPECT_LT(limited->compute_ratio(), RuntimeConfig{}.max_recompute_ratio);
+
+  options.runtime.budget_bytes = uint64_t(std::floor(0.4 * double(*peak)));
+  auto fits = Simulate(trace, options);
+  options.runtime.max_recompute_ratio = 0;  // no limit
+  auto fits_unlimited = Simulate(trace, options);
+  ASSERT_TRUE(fits.ok() && fits_unlimited.ok());
+  ASSERT_TRUE(fits->ok) << fits->error;
+  EXPECT_GT(fits->stats.rematerializations, 0u);
+  EXPECT_EQ(fits->total_cost, fits_unlimited->total_cost);
+  EXPECT_EQ(fits->stats.replays, fits_unlimited->stats.replays);
 }
 
 // A run out of memory reports the marks it reached, and only those; labels are JSON-escaped.
