@@ -306,6 +306,22 @@ def run_sim(runner, trace, heuristic, ratio, budget=None):
     return keep
 
 
+def sim_point(runner, trace, heuristic, ratio, budget=None):
+    """run_sim with the overhead of the measured training steps alone, from the mark before the first
+    of them to the end (Note [Steady-state steps], runtime/sim/simulator.h: the warm-up steps run
+    before the gradients and the optimizer state exist, and cold); the marks, read once, dropped
+    (cpu.json keeps the overhead; a timed-out run has none)."""
+    d = run_sim(runner, trace, heuristic, ratio, budget)
+    d["overhead"] = steady_overhead(d, runner.args.trace_warmup)
+    d.pop("marks", None)
+    return d
+
+
+def trained(d):
+    """Whether a dtr-sim point trained through the measured steps."""
+    return d["status"] == "ok" and d["overhead"] is not None
+
+
 def simulate(runner, bm, work):
     a = runner.args
     trace = os.path.join(work, f"{a.device}_{bm.name}.trace")
@@ -318,16 +334,7 @@ def simulate(runner, bm, work):
            "runs": {}}
     log(f"{bm.name}: dtr-sim, {len(a.sim_heuristics)} heuristics x {len(a.sim_ratios)} ratios")
     for h in a.sim_heuristics:
-        rows = []
-        for r in a.sim_ratios:
-            d = run_sim(runner, trace, h, r)
-            # Overhead of the measured training steps alone, from the mark before the first of them
-            # to the end (Note [Steady-state steps], runtime/sim/simulator.h: the warm-up steps run
-            # before the gradients and the optimizer state exist, and cold).
-            d["overhead"] = steady_overhead(d, a.trace_warmup)
-            d.pop("marks", None)  # read once: cpu.json keeps the overhead (a timed-out run has none)
-            rows.append(d)
-        sim["runs"][h] = rows
+        sim["runs"][h] = [sim_point(runner, trace, h, r) for r in a.sim_ratios]
     ok = [d for d in sim["runs"][a.sim_heuristics[0]] if d["ratio"] == 1.0 and d["status"] == "ok"]
     sim["peak_bytes"] = ok[0]["peak_bytes"] if ok else None
     # The lower bound under no budget: unevictable bytes plus the worst op's operands. No
@@ -339,9 +346,7 @@ def simulate(runner, bm, work):
         static = info["static_bytes"]
         for r in ACTIVATION_RS:
             budget = int(static + r * (sim["peak_bytes"] - static))
-            d = run_sim(runner, trace, DEFAULT_HEURISTIC, budget / sim["peak_bytes"], budget=budget)
-            d["overhead"] = steady_overhead(d, a.trace_warmup)
-            d.pop("marks", None)
+            d = sim_point(runner, trace, DEFAULT_HEURISTIC, budget / sim["peak_bytes"], budget=budget)
             d["activation_r"] = r
             sim["activation_runs"].append(d)
     return sim
@@ -679,8 +684,7 @@ def sim_section(results, a):
             L.append(f"| {r:g} | " + " | ".join(cells) + " |")
         L.append("\n" + caption_sim(sim, hs) + "\n")
         act = [f"r = {d['activation_r']:g} ({d['ratio']:.3f} of the trace peak) "
-               + (x(1 + d["overhead"]) if d["status"] == "ok" and d["overhead"] is not None
-                  else activation_run_status(d, sim))
+               + (x(1 + d["overhead"]) if trained(d) else activation_run_status(d, sim))
                for d in sim.get("activation_runs", [])]
         if act:
             L.append(f"Budgets on activations (static + r × (trace peak − static), static {mib(sim['info']['static_bytes'])}), "
@@ -835,12 +839,12 @@ def activation_comparison(res, ch):
         d = sims.get(r)
         rotor, raw = row["planners"].get("rotor", {}), row["raw_planners"].get("rotor", {})
         where = f"r = {r:g} ({row['ratio']:.3f} of the trace peak)"
-        raw_text = (f"raw alignment {step_ratio(d['overhead'], raw['overhead']):.2f}×"
-                    if d and d["status"] == "ok" and d["overhead"] is not None and raw.get("status") == "ok"
-                    else "raw alignment: Rotor infeasible" if raw.get("status") != "ok" else None)
-        if not d or d["status"] != "ok" or d["overhead"] is None:
+        if not d or not trained(d):
             parts.append(f"at {where} {DEFAULT_HEURISTIC}: " + (activation_run_status(d, res["sim"]) if d else "no run"))
-        elif rotor.get("status") != "ok":
+            continue
+        raw_text = (f"raw alignment {step_ratio(d['overhead'], raw['overhead']):.2f}×" if raw.get("status") == "ok"
+                    else "raw alignment: Rotor infeasible")
+        if rotor.get("status") != "ok":
             parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit ({raw_text})")
         else:
             parts.append(f"at {where} {DEFAULT_HEURISTIC}'s simulated step time is "

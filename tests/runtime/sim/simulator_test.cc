@@ -226,6 +226,23 @@ mark end
   }
 }
 
+// Two tests' trace: g, computed by a backward op, and the activation a are both read by the
+// last op, u; under a budget of 210 one of them is evicted when c is made (the tests
+// WhatTheBackwardPassComputedIsEvictedAfterActivations and
+// LoggedRematerializationsNameTheEventsThatCausedThem).
+constexpr char kMadeBackward[] = R"(dtr-trace 4
+const x 10
+call g 5 pass=backward x -> g:100
+call rg 0 pass=backward g -> rg:0
+)";
+constexpr char kThenActivations[] = R"(call a 7 x -> a:100
+call ra 0 a -> ra:0
+call w 20 x -> w:0
+call c 1 x -> c:100
+release c
+call u 1 g a -> u:0
+)";
+
 // Note [Results of the backward pass]: g, a gradient (pass=backward), and a, an activation, each
 // read once; w advances the clock, so that g is the staler (staleness 28 against 21) and scores
 // 5/2800 against 7/2100. c needs one of them evicted; u brings it back, and the replay's cost
@@ -233,25 +250,14 @@ mark end
 // second trace g is made by a forward op and marked by an in-place backward op of cost 0 (a
 // gradient accumulated into), which marks it as well.
 TEST(Simulator, WhatTheBackwardPassComputedIsEvictedAfterActivations) {
-  const char* made_backward = R"(dtr-trace 4
-const x 10
-call g 5 pass=backward x -> g:100
-call rg 0 pass=backward g -> rg:0
-)";
   const char* accumulated_backward = R"(dtr-trace 4
 const x 10
 call g 5 x -> g:100
 mutate acc 0 pass=backward g -> g
 call rg 0 pass=backward g -> rg:0
 )";
-  for (const char* head : {made_backward, accumulated_backward}) {
-    auto trace = ParseTrace(absl::StrCat(head, R"(call a 7 x -> a:100
-call ra 0 a -> ra:0
-call w 20 x -> w:0
-call c 1 x -> c:100
-release c
-call u 1 g a -> u:0
-)"));
+  for (const char* head : {kMadeBackward, accumulated_backward}) {
+    auto trace = ParseTrace(absl::StrCat(head, kThenActivations));
     ASSERT_TRUE(trace.ok()) << trace.status();
     for (double protection : {1.0, 10.0}) {
       SimOptions options = Options(210, HeuristicKind::kDtr);
@@ -269,17 +275,7 @@ call u 1 g a -> u:0
 // SimOptions::log_remats: each event that rematerialized is listed with what it cost, and the
 // list adds up to the run's counters; off, nothing is listed or printed.
 TEST(Simulator, LoggedRematerializationsNameTheEventsThatCausedThem) {
-  auto trace = ParseTrace(R"(dtr-trace 4
-const x 10
-call g 5 pass=backward x -> g:100
-call rg 0 pass=backward g -> rg:0
-call a 7 x -> a:100
-call ra 0 a -> ra:0
-call w 20 x -> w:0
-call c 1 x -> c:100
-release c
-call u 1 g a -> u:0
-)");
+  auto trace = ParseTrace(absl::StrCat(kMadeBackward, kThenActivations));
   ASSERT_TRUE(trace.ok()) << trace.status();
   for (double protection : {1.0, 10.0}) {
     SimOptions options = Options(210, HeuristicKind::kDtr);
