@@ -269,7 +269,11 @@ class Runtime {
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
   // neighborhoods.cc.
-  static bool AwaitsReader(const StorageRecord& r) { return r.external_refs > 0 && r.readers.empty(); }
+  // Note [Results awaiting their reader]: held, read by no recipe, and rebuilt by more than its
+  // own recipe (a recipe that reads only constants, replay depth 1, is scored like any storage).
+  static bool AwaitsReader(const StorageRecord& r) {
+    return r.external_refs > 0 && r.readers.empty() && r.replay_depth > 1;
+  }
   // A candidate's score short of its neighborhood cost: the heuristic's inputs and the thrash
   // factor (Note [Thrashing]). Final(nc) is the score; it never falls as nc grows.
   struct PartialScore {

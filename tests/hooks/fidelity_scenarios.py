@@ -270,9 +270,35 @@ def fork_workers():
             "parent": [dg(s) for s in shared]}
 
 
+def zeroed_grads():
+    """optimizer.zero_grad(set_to_none=False) keeps every .grad and zeroes it in place (an
+    overwriting zero_), so until the backward pass accumulates into them they are storages a fill
+    brings back: evicted here before each forward pass (nothing else is evictable then: the batch
+    comes after, parameters and momentum buffers are constants), the backward pass's in-place
+    accumulation replays the fill (Note [Results awaiting their reader], runtime/eviction_search.cc)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                            torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for step in range(3):  # the first step makes the gradients; the next two zero them
+        opt.zero_grad(set_to_none=False)
+        evict_all()
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 8, (32,), generator=g)
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        out[f"loss{step}"] = loss.item()
+        out[f"grads{step}"] = [dg(p.grad) for p in m.parameters()]
+        opt.step()
+    out["params"] = [dg(p) for p in m.parameters()]
+    return out
+
+
 SCENARIOS = dict(numpy_writes=numpy_writes, kept_numpy_view=kept_numpy_view, conj_neg=conj_neg,
                  global_settings=global_settings, hidden_rng=hidden_rng, lstm_grad_mode=lstm_grad_mode,
-                 leaving_python=leaving_python, sparse_quantized=sparse_quantized, fork_workers=fork_workers)
+                 leaving_python=leaving_python, sparse_quantized=sparse_quantized, fork_workers=fork_workers,
+                 zeroed_grads=zeroed_grads)
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

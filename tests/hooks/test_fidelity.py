@@ -21,7 +21,7 @@ def last_json(r):
 
 @pytest.mark.parametrize("name", ["numpy_writes", "kept_numpy_view", "conj_neg", "global_settings",
                                   "hidden_rng", "lstm_grad_mode", "leaving_python", "sparse_quantized",
-                                  "fork_workers"])
+                                  "fork_workers", "zeroed_grads"])
 def test_bit_identical_with_evictions(name):
     plain = last_json(run([PY, SCEN, name]))["out"]
     res = last_json(run([PY, SCEN, name], preload=True, timeout=600))

@@ -675,10 +675,12 @@ TEST_F(RuntimeTest, MutationFreezesHeldReadersOnceBroughtBack) {
 TEST_F(RuntimeTest, ResultsAwaitingTheirReaderAreVictimsOfLastResort) {
   Make(kUnlimitedBudget, HeuristicKind::kLru);
   StorageId x = Const(1);
-  StorageId grad = Op1("grad", {x}, 100);  // oldest: LRU's first choice otherwise
+  StorageId loss = Op1("loss", {x}, 1);      // what a gradient's replay would start from
+  StorageId grad = Op1("grad", {loss}, 100);  // older than act: LRU's choice otherwise
   StorageId act = Op1("act", {x}, 100);
   StorageId next = Op1("next", {act}, 100);  // reads act
-  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 2).ok());  // loss (1 byte) is not enough
+  EXPECT_FALSE(Resident(loss));
   EXPECT_TRUE(Resident(grad));
   EXPECT_FALSE(Resident(act));
   auto ranked = rt_->RankedCandidates(8);
@@ -686,6 +688,38 @@ TEST_F(RuntimeTest, ResultsAwaitingTheirReaderAreVictimsOfLastResort) {
   // When nothing else is left, they are evicted: the budget holds.
   ASSERT_TRUE(rt_->SetBudget(1 + 100).ok());
   EXPECT_EQ(int(Resident(grad)) + int(Resident(next)), 1);
+  Check();
+}
+
+// Note [Results awaiting their reader]: a held, unread storage whose recipe reads nothing that
+// can be rematerialized (a gradient zeroed by zero_grad(set_to_none=False), a batch made by a
+// factory) is brought back by its own recipe alone, so it is an ordinary candidate, and the
+// in-place accumulation that reads it replays only that recipe.
+TEST_F(RuntimeTest, AZeroedGradientAwaitingItsReaderIsAnOrdinaryCandidate) {
+  Make(kUnlimitedBudget, HeuristicKind::kLru);
+  StorageId x = Const(1);
+  StorageId grad = Const(100);  // a parameter's .grad from the last step
+  StorageId grad_only[] = {grad};
+  Runtime::MutateCall zero{"zero_", {}, grad_only, true, 0};
+  zero.overwrites = true;
+  ASSERT_TRUE(rt_->Mutate(zero, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(rt_->storage(grad)->replay_depth, 1u);
+  StorageId act = Op1("act", {x}, 100);
+  StorageId next = Op1("next", {act}, 100);  // reads act
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  EXPECT_FALSE(Resident(grad));  // the least recently used, and cheap to bring back
+  EXPECT_TRUE(Resident(act));
+  // The backward pass accumulates into it in place: zero_ alone is replayed.
+  StorageId contribution = Op1("grad_contribution", {next}, 100);
+  ASSERT_TRUE(rt_->SetBudget(kUnlimitedBudget).ok());
+  StorageId accumulate_in[] = {grad, contribution};
+  ASSERT_TRUE(rt_->Mutate({"add_", accumulate_in, grad_only, true, 0},
+                          []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"zero_"}));
+  // Now its recipe reads the contribution, whose own recipe reads more: a victim of last resort.
+  EXPECT_GT(rt_->storage(grad)->replay_depth, 1u);
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
+  EXPECT_TRUE(Resident(grad));
   Check();
 }
 
@@ -1781,7 +1815,10 @@ TEST_F(RuntimeTest, RankedCandidatesSearchThePoolWhenTheSampleHasNothingToRank) 
   config.exhaustive_pool = 0;  // a sample, not the whole pool (Note [Small pools are searched whole])
   Make(config);
   StorageId x = Const(1);
-  for (int i = 0; i < 99; ++i) (void)Op1("held", {x}, 10);  // held, read by nothing
+  // Held and read by nothing, with recipes that read a rematerializable storage (Note [Results
+  // awaiting their reader]).
+  StorageId root = Op1("root", {x}, 1);
+  for (int i = 0; i < 99; ++i) (void)Op1("held", {root}, 10);
   StorageId read = Op1("read", {x}, 10);
   (void)Op1("reader", {read}, 0);
   for (int call = 0; call < 10; ++call) {
