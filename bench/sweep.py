@@ -834,6 +834,7 @@ def activation_comparison(res, ch):
     on activations (static + r x activations), or None without those rows."""
     sims = {d["activation_r"]: d for d in res["sim"].get("activation_runs", [])}
     parts = []
+    compared = False  # a Rotor plan fitted beside a dtr run that trained
     for row in ch.get("activation_rows", []):
         r = row["activation_r"]
         d = sims.get(r)
@@ -847,6 +848,7 @@ def activation_comparison(res, ch):
         if rotor.get("status") != "ok":
             parts.append(f"at {where} {DEFAULT_HEURISTIC} costs {pct(d['overhead'])} and Rotor's plan does not fit ({raw_text})")
         else:
+            compared = True
             parts.append(f"at {where} {DEFAULT_HEURISTIC}'s simulated step time is "
                          f"{step_ratio(d['overhead'], rotor['overhead']):.2f}× Rotor's "
                          f"({pct(d['overhead'])} against {pct(rotor['overhead'])} overhead; {raw_text})")
@@ -854,7 +856,11 @@ def activation_comparison(res, ch):
         return None
     static = res["sim"]["info"]["static_bytes"]
     return (f"Budgets on activations (issue 16 item 3: static + r × (trace peak − static), static "
-            f"{mib(static)}: parameters, gradients, optimizer state, batches): " + "; ".join(parts) + ".")
+            f"{mib(static)}: parameters, gradients, optimizer state, batches): " + "; ".join(parts) + "."
+            + (" Rotor's plans keep all of that resident; dtr may also evict the gradients that "
+               "zero_grad(set_to_none=False) zeroed, until the backward pass accumulates into them (a fill "
+               "brings them back: Note [Results awaiting their reader]), so its step can cost less than "
+               "Rotor's optimum for the chain alone." if compared else ""))
 
 
 def floor_ratio(res):
