@@ -859,8 +859,8 @@ def activation_comparison(res, ch):
             f"{mib(static)}: parameters, gradients, optimizer state, batches): " + "; ".join(parts) + "."
             + (" Rotor's plans keep all of that resident; dtr may also evict the gradients that "
                "zero_grad(set_to_none=False) zeroed, until the backward pass accumulates into them (a fill "
-               "brings them back: Note [Results awaiting their reader]), so its step can cost less than "
-               "Rotor's optimum for the chain alone." if compared else ""))
+               "brings them back: Note [Results awaiting their reader]), so its simulated step can cost less "
+               "than Rotor's plan." if compared else ""))
 
 
 def floor_ratio(res):

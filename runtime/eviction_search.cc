@@ -92,17 +92,18 @@ namespace dtr {
 // of memory at 0.4, and trained down to 0.1 at 3x once gradients were kept. So such storages
 // are victims of last resort: chosen only when nothing else is evictable (they stay in the pool,
 // so a budget that needs them still trains).
-// Not when the recipe reads nothing rematerializable (replay depth 1): then there is no chain
-// behind it, its own recipe is all a rematerialization replays, and its score already prices
-// that. The common case is a parameter's gradient zeroed in place by
-// `optimizer.zero_grad(set_to_none=False)` (an overwriting zero_: Note [Overwriting in-place
-// ops], hooks/op_classification.cc): until the backward pass accumulates into it, it holds zeros that cost a fill to bring
-// back, yet as a last resort it kept a whole set of gradients resident through the backward pass,
-// which is the half of the activation room the TreeLSTM had at r = 0.15 (576 KiB of 1.42 MiB held
-// and unread when the first last-resort eviction came, half of them zeros; the other half, the
-// autograd engine's sums of the gradients of shared weights, were then evicted and replayed the
-// backward pass). A batch made by a factory is another. Such a storage is an ordinary candidate;
-// once an in-place op accumulates into it, its depth grows and it is a last resort again. On
+// Not when its recipe is a single op whose inputs are constants (replay depth 1): then there is no
+// chain behind it, that op is all a rematerialization replays, and its score already prices it.
+// (Longer recipes of constants alone, x = randn(); x.mul_(2), stay last resorts: the rule is
+// conservative.) The common case is a parameter's gradient zeroed in place by
+// `optimizer.zero_grad(set_to_none=False)` (an overwriting zero_: Note [Overwriting in-place ops],
+// hooks/op_classification.cc). Until the backward pass accumulates into it, it holds zeros that a
+// fill brings back, yet as a last resort it kept a whole set of gradients resident through every
+// backward pass: on the TreeLSTM at r = 0.175, 563 KiB of a 1.36 MiB budget was held and unread
+// when the first last-resort eviction came, half of it zeros; the other half, the autograd
+// engine's sums of the gradients of shared weights, were then evicted and replayed the backward
+// pass. A batch made by a factory is another case. Such a storage is an ordinary candidate; once
+// an in-place op accumulates into it, its depth grows and it is a last resort again. On
 // bench/activation_budgets.py's traces (3 a model x seeds 1-3, medians), before -> after: the
 // TreeLSTM at r = 0.2 1.61x -> 1.21x and at 0.15 out of memory (or 208x with no recomputation
 // limit) -> 1.30x; ResNet at 0.5 1.27x -> 1.13x, at 0.3 3.41x -> 3.32x; UNet at 0.3 2.53x ->

@@ -269,8 +269,8 @@ class Runtime {
 
   // Victim search (Note [Victim search]); eviction_search.cc, but NeighborhoodCost is in
   // neighborhoods.cc.
-  // Note [Results awaiting their reader]: held, read by no recipe, and rebuilt by more than its
-  // own recipe (a recipe that reads only constants, replay depth 1, is scored like any storage).
+  // Note [Results awaiting their reader]: held, read by no recipe, and not a single op of
+  // constants (replay depth 1, scored like any storage).
   static bool AwaitsReader(const StorageRecord& r) {
     return r.external_refs > 0 && r.readers.empty() && r.replay_depth > 1;
   }

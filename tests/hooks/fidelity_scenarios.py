@@ -272,10 +272,10 @@ def fork_workers():
 
 def zeroed_grads():
     """optimizer.zero_grad(set_to_none=False) keeps every .grad and zeroes it in place (an
-    overwriting zero_), so until the backward pass accumulates into them they are storages a fill
-    brings back: evicted here before each forward pass (nothing else is evictable then: the batch
-    comes after, parameters and momentum buffers are constants), the backward pass's in-place
-    accumulation replays the fill (Note [Results awaiting their reader], runtime/eviction_search.cc)."""
+    overwriting zero_): until the backward pass accumulates into them they are storages a fill
+    brings back, which dtr may evict like any other (Note [Results awaiting their reader],
+    runtime/eviction_search.cc). Evicted here before each forward pass, with the last step's batch;
+    the backward pass's in-place accumulation must replay the fill and give the same gradients."""
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
                             torch.nn.Linear(64, 8))

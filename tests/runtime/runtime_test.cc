@@ -716,8 +716,10 @@ TEST_F(RuntimeTest, AZeroedGradientAwaitingItsReaderIsAnOrdinaryCandidate) {
   ASSERT_TRUE(rt_->Mutate({"add_", accumulate_in, grad_only, true, 0},
                           []() -> absl::StatusOr<double> { return 1.0; }).ok());
   EXPECT_EQ(backend_.replays, (std::vector<std::string>{"zero_"}));
-  // Now its recipe reads the contribution, whose own recipe reads more: a victim of last resort.
+  // Now its recipe reads the contribution, whose own recipe reads more: a victim of last resort,
+  // kept although it is the least recently used storage again.
   EXPECT_GT(rt_->storage(grad)->replay_depth, 1u);
+  for (StorageId s : {act, next, contribution}) ASSERT_TRUE(rt_->Access(s).ok());
   ASSERT_TRUE(rt_->SetBudget(rt_->memory() - 1).ok());
   EXPECT_TRUE(Resident(grad));
   Check();
@@ -1819,6 +1821,7 @@ TEST_F(RuntimeTest, RankedCandidatesSearchThePoolWhenTheSampleHasNothingToRank) 
   // awaiting their reader]).
   StorageId root = Op1("root", {x}, 1);
   for (int i = 0; i < 99; ++i) (void)Op1("held", {root}, 10);
+  ASSERT_TRUE(rt_->Evict(root).ok());  // so that read is the one ordinary candidate
   StorageId read = Op1("read", {x}, 10);
   (void)Op1("reader", {read}, 0);
   for (int call = 0; call < 10; ++call) {
