@@ -691,10 +691,10 @@ TEST_F(RuntimeTest, ResultsAwaitingTheirReaderAreVictimsOfLastResort) {
   Check();
 }
 
-// Note [Results awaiting their reader]: a held, unread storage whose recipe reads nothing that
-// can be rematerialized (a gradient zeroed by zero_grad(set_to_none=False), a batch made by a
-// factory) is brought back by its own recipe alone, so it is an ordinary candidate, and the
-// in-place accumulation that reads it replays only that recipe.
+// Note [Results awaiting their reader]: a held, unread storage whose recipe is a single op of
+// constants (replay depth 1: a gradient zeroed by zero_grad(set_to_none=False), a batch made by a
+// factory) is brought back by that op alone, so it is an ordinary candidate, and the in-place
+// accumulation that reads it replays only that op.
 TEST_F(RuntimeTest, AZeroedGradientAwaitingItsReaderIsAnOrdinaryCandidate) {
   Make(kUnlimitedBudget, HeuristicKind::kLru);
   StorageId x = Const(1);
