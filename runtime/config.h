@@ -84,6 +84,11 @@ struct RuntimeConfig {
   // keeps the last access it had; only the program's ops touch. true makes a replay touch what it
   // brings back (the behaviour until stop 33), for the simulator's comparisons.
   bool replays_refresh_staleness = false;
+  // Note [Held results of dead inputs] (lifetime.cc): the held results of the ops that read a
+  // dying storage (what a backward pass accumulated into in place, the loss once the backward
+  // pass has gone past it) are frozen, so it is collected instead of evicted. false keeps their
+  // recipes, for the simulator's comparisons.
+  bool freeze_held_results = true;
   // Note [Rebuilt segments] (remat.cc): while a rematerialization is under way, the storages it
   // has already brought back have their scores multiplied by this, so the search takes them
   // last. 1: no protection.

@@ -48,15 +48,83 @@ void Runtime::OnUnreferenced(StorageId id) {
     ReleaseDeadConstant(id);
     return;
   }
+  // Note [Held results of dead inputs]. Freezing drops the recipes that read this storage, and
+  // one left unread is queued for collection (ClearRecipe) instead of evicted.
+  if (config_.freeze_held_results && FreezeHeldResultsOf(id) && rec(id).deletion_pending) return;
   if (config_.dealloc == DeallocPolicy::kBanish) {
     if (HasEvictedDependent(id)) {
-      r.banish_pending = true;
+      rec(id).banish_pending = true;
     } else {
       Banish(id);
     }
     return;
   }
-  if (Eligible(r)) EvictUnchecked(id, /*eager=*/true);
+  if (Eligible(rec(id))) EvictUnchecked(id, /*eager=*/true);
+}
+
+// Note [Held results of dead inputs]
+// A storage the program no longer holds is evicted eagerly (its memory goes, its record stays)
+// while some recipe reads it. When that recipe belongs to a storage the program still holds, the
+// dead storage and everything behind it stay recorded so that the held one can be brought back,
+// and bringing it back replays all of it. Two kinds of held storage decided whole runs near the
+// floors of issue 16 (activations.md, "Held results of dead inputs"):
+// - What a backward pass accumulates into in place: a parameter's .grad (zeroed by
+//   zero_grad(set_to_none=False)) and the engine's sums of a gradient several ops contribute to.
+//   Each contribution dies at once; the sum, held and unread until its consumer runs, was a
+//   victim of last resort, and evicting one replayed the backward pass behind it (ResNet at
+//   r = 0.3 of its activations 3.51x; a sum's replay of a convolution_backward with its
+//   workspace ran it out of memory when only the .grads were frozen).
+// - The loss, or another result of a forward op that the program holds and the backward pass
+//   has gone past: an optimizer step that updates a parameter in place must first bring back
+//   every evicted held storage computed from it (Note [Mutation]), and an evicted loss replayed
+//   the forward pass before the first update (`loss.item()` after `opt.step()`; in PyTorch 2.x
+//   UNet's loss is a view of the unreduced loss's 64 KiB): 26% of UNet's recomputation at 0.3.
+// So when a storage dies, the results of an op reading it are frozen (constants: their contents
+// are right) if the op is an in-place op of a backward pass, or a functional forward op, while a
+// backward pass runs, whose results were last used at or after the point the pass has read back
+// to (Note [Next use in a backward pass]'s mirror; with backward_next_use 0 the mirror does not
+// move and no forward result is frozen); and only if every result whose recipe holds the op is
+// resident, held, unlocked and unpinned, so that the op's record goes. A dying storage left
+// unread is then collected instead of evicted. A held activation the pass has still to
+// read keeps its recipe (freezing saved activations would pin the forward pass), and so does a
+// forward in-place sum (freezing an LSTM's gate sums ran it out of memory at r <= 0.5). A frozen
+// sum that dies while an evicted result's recipe still reads it stays resident until that record
+// goes (Note [Dead constants in accumulating recipes] frees it only from in-place readers).
+// Freezing is this runtime's choice, not the program's, so Note [Memory floor] counts the frozen
+// bytes as evictable (held_result_bytes_; counted as constants they raised the LSTM's floor from
+// r = 0.10 to 0.19 of its activations, above budgets that train). The rule does not look at the
+// budget: the torch layer's runtime has none (its allocator enforces it). RuntimeConfig::
+// freeze_held_results = false (dtr-sim --keep-held-recipes) keeps the recipes, for comparison.
+bool Runtime::FreezeHeldResultsOf(StorageId dying) {
+  absl::InlinedVector<StorageId, 4> frozen;
+  for (OpId op_id : rec(dying).readers) {
+    const OpRecord& op = ops_[op_id];
+    if (op.backward ? !op.in_place : op.in_place || !in_backward_pass_) continue;
+    absl::InlinedVector<StorageId, 2> outputs;
+    for (StorageId o : op.outputs) {
+      const StorageRecord* out = storages_.Find(o);
+      if (out == nullptr || !out->rematerializable() || !ContainsValue(out->recipe, op_id)) continue;
+      // Held, resident, and not in use (a replay frame or the op under way holds it).
+      if (!out->resident() || out->external_refs == 0 || out->locks > 0 || out->pins > 0 || out->rebuilding)
+        break;
+      // The loss, not an activation the pass has still to read: the pass went back past its last
+      // forward use (Note [Next use in a backward pass]).
+      if (!op.backward && out->last_access < backward_mirror_) break;
+      outputs.push_back(o);
+    }
+    // Only if the op goes with them: freezing some of its results leaves it reading `dying`.
+    if (outputs.size() != op.recipe_users) continue;
+    for (StorageId o : outputs)
+      if (!ContainsValue(frozen, o)) frozen.push_back(o);
+  }
+  for (StorageId o : frozen) FreezeHeldResult(o);
+  return !frozen.empty();
+}
+
+void Runtime::FreezeHeldResult(StorageId id) {
+  Detach(id, ConstantReason::kHeldResult);
+  const StorageRecord& r = rec(id);  // held, so still recorded and resident
+  if (r.constant_reason == ConstantReason::kHeldResult && r.resident()) held_result_bytes_ += r.size;
 }
 
 void Runtime::Banish(StorageId id) {
@@ -115,7 +183,16 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
         accumulators.push_back(o);
     }
   }
-  for (StorageId o : accumulators) Detach(o, ConstantReason::kAccumulator);
+  // A frozen held result frees its accumulators as one: Note [Memory floor] counts both as
+  // this runtime's choice.
+  const bool held_result = rec(id).constant_reason == ConstantReason::kHeldResult;
+  for (StorageId o : accumulators) {
+    if (held_result) {
+      FreezeHeldResult(o);
+    } else {
+      Detach(o, ConstantReason::kAccumulator);
+    }
+  }
   MaybeCollect(id);
 }
 
@@ -165,6 +242,7 @@ void Runtime::DrainCollection() {
       --evicted_count_;
     } else {
       memory_ -= r.size;
+      if (r.constant_reason == ConstantReason::kHeldResult) held_result_bytes_ -= r.size;
       backend_->Release(id, r, /*permanently=*/true);
     }
     r.state = StorageState::kBanished;

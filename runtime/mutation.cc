@@ -33,7 +33,7 @@ using runtime_internal::ContainsValue;
 
 absl::Status Runtime::Mutate(const MutateCall& call,
                              absl::FunctionRef<absl::StatusOr<double>()> execute) {
-  if (config_.backward_next_use > 0) NoteOpStart(call.backward, call.inputs);  // Note [Next use in a backward pass]
+  NoteOpStart(call.backward, call.inputs);
   absl::InlinedVector<StorageId, 8> reads(call.inputs.begin(), call.inputs.end());
   reads.insert(reads.end(), call.mutated.begin(), call.mutated.end());
   InputList inputs;
@@ -97,6 +97,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     }
     rec(m).recipe.push_back(op_id);
     rec(m).backward_recipe |= call.backward;  // Note [Results of the backward pass]
+    if (rec(m).constant_reason == ConstantReason::kHeldResult) held_result_bytes_ -= rec(m).size;  // Note [Memory floor]
     rec(m).constant_reason = ConstantReason::kNone;
     rec(m).cost += *cost;
     rec(m).replay_depth = depth;

@@ -31,8 +31,9 @@ enum class ConstantReason : uint8_t {
   kMutatedAncestor,    // its recipe read contents a later in-place op changed (Note [Mutation])
   kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
   kAccumulator,        // frozen to release a dead constant (Note [Dead constants in accumulating recipes])
+  kHeldResult,         // frozen to release a dead input's recipes (Note [Held results of dead inputs])
 };
-inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kAccumulator) + 1;
+inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kHeldResult) + 1;
 inline const char* ConstantReasonName(ConstantReason reason) {
   switch (reason) {
     case ConstantReason::kNone: return "rematerializable";
@@ -43,6 +44,7 @@ inline const char* ConstantReasonName(ConstantReason reason) {
     case ConstantReason::kMutatedAncestor: return "computed from contents a later in-place op changed";
     case ConstantReason::kBanishedAncestor: return "computed from a banished storage";
     case ConstantReason::kAccumulator: return "accumulator frozen to free a dead constant";
+    case ConstantReason::kHeldResult: return "held result frozen to free the recipes behind it";
   }
   return "unknown";
 }

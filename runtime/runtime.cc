@@ -91,6 +91,9 @@ void Runtime::NoteOpStart(bool backward, absl::Span<const StorageId> inputs) {
     in_backward_pass_ = true;
     backward_mirror_ = now_;
   }
+  // The pass is followed either way; the mirror moves only for Note [Next use in a backward pass]
+  // (Note [Held results of dead inputs] reads it too).
+  if (config_.backward_next_use <= 0) return;
   double latest = -1;
   for (StorageId in : inputs)
     if (const StorageRecord* r = storages_.Find(in); r != nullptr && r->awaits_backward && r->resident())
@@ -116,11 +119,14 @@ void Runtime::UpdatePeak(uint64_t transient) {
 // can free (constants, pins). Their sum at the worst op is a budget below which this run cannot
 // go whatever the heuristic does (given which storages the program made constants): dtr-sim
 // reports it next to the smallest budget that trained, to tell a weak policy from a hard limit.
+// Results this runtime froze by its own choice (Note [Held results of dead inputs]) count as
+// evictable: a schedule that kept their recipes could evict them.
 void Runtime::NoteFloor(const InputList& inputs, uint64_t out_bytes) {
-  uint64_t floor = memory_ - pool_bytes_ + out_bytes;  // memory_ - pool_bytes_: unevictable bytes
+  // memory_ - pool_bytes_: unevictable bytes
+  uint64_t floor = memory_ - pool_bytes_ - held_result_bytes_ + out_bytes;
   for (StorageId in : inputs) {
     const StorageRecord& r = rec(in);
-    if (r.pool_index != UINT32_MAX) floor += r.size;
+    if (r.pool_index != UINT32_MAX || r.constant_reason == ConstantReason::kHeldResult) floor += r.size;
   }
   stats_.floor_bytes = std::max(stats_.floor_bytes, floor);
 }
@@ -225,7 +231,7 @@ void Runtime::UnlockAll(const InputList& ids) {
 }
 
 absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
-  if (config_.backward_next_use > 0) NoteOpStart(call.backward, call.inputs);
+  NoteOpStart(call.backward, call.inputs);
   InputList inputs;
   if (absl::Status s = LockAndMaterialize(call.name, call.inputs, &inputs); !s.ok()) return s;
   auto unlock_inputs = [&] { UnlockAll(inputs); };
@@ -459,7 +465,7 @@ void Runtime::Unlock(StorageId id) {
 
 absl::Status Runtime::CheckInvariants() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat("invariant: ", parts...)); };
-  uint64_t resident_sum = 0, pool_sum = 0, evicted = 0;
+  uint64_t resident_sum = 0, pool_sum = 0, evicted = 0, held_result_sum = 0;
   size_t eligible = 0;
   absl::flat_hash_map<uint64_t, uint32_t> recipe_users;
   absl::flat_hash_map<uint32_t, double> component_cost;
@@ -475,6 +481,7 @@ absl::Status Runtime::CheckInvariants() const {
     if (r.state == StorageState::kBanished) status = fail(IdString(id), " is banished but still recorded");
     if (r.resident()) {
       resident_sum += r.size;
+      if (r.constant_reason == ConstantReason::kHeldResult) held_result_sum += r.size;
       if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
       if (r.join_pending) status = fail(IdString(id), " resident but awaiting the join of an eviction");
       if (!r.neighbor_evicted) {  // Note [Evicted-neighbor hint]
@@ -555,6 +562,8 @@ absl::Status Runtime::CheckInvariants() const {
   });
   if (!status.ok()) return status;
   if (resident_sum != memory_) return fail("memory ", memory_, " != resident sum ", resident_sum);
+  if (held_result_sum != held_result_bytes_)  // Note [Memory floor]
+    return fail("frozen held results ", held_result_bytes_, " != their resident sum ", held_result_sum);
   if (config_.budget_bytes != kUnlimitedBudget && memory_ > config_.budget_bytes)
     return fail("memory ", memory_, " over budget ", config_.budget_bytes);
   if (eligible != pool_.size() || pool_sum != pool_bytes_)

@@ -381,6 +381,9 @@ class Runtime {
   void OnUnreferenced(StorageId id);
   // Note [Dead constants in accumulating recipes] (lifetime.cc).
   void ReleaseDeadConstant(StorageId id);
+  // Note [Held results of dead inputs] (lifetime.cc): whether it froze any.
+  bool FreezeHeldResultsOf(StorageId dying);
+  void FreezeHeldResult(StorageId id);
   void Banish(StorageId id);
   void Detach(StorageId id, ConstantReason why);
   void ClearRecipe(StorageId id);
@@ -406,10 +409,14 @@ class Runtime {
   std::vector<PoolEntry> pool_;  // Note [Evictable pool], Note [Candidate table]
   uint64_t memory_ = 0;
   uint64_t pool_bytes_ = 0;
+  // Resident constants frozen by Note [Held results of dead inputs]: evictable for Note [Memory
+  // floor], which bounds every schedule, not this runtime's choices.
+  uint64_t held_result_bytes_ = 0;
   uint64_t evicted_count_ = 0;
   double now_ = 0;
   // Note [Next use in a backward pass] (eviction_search.cc): a backward pass is under way (the
-  // last program op was a backward op), and how far back in the forward pass it has read.
+  // last program op was a backward op; also read by Note [Held results of dead inputs]), and how
+  // far back in the forward pass it has read.
   bool in_backward_pass_ = false;
   double backward_mirror_ = 0;
   // Note [Rebuilt segments] (remat.cc): the rematerialization under way (Materialize calls

@@ -21,6 +21,7 @@ constexpr const char* kUsage = R"(usage:
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--exhaustive-pool N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
+          [--keep-held-recipes]
           [--rebuild-protection K] [--backward-protection K] [--backward-next-use W]
           [--pending-protection K]
           [--input-locks lazy|eager] [--check] [--log-remats]
@@ -38,6 +39,10 @@ and rematerializations (the approximation until stop 41); 0 walks every time. ex
 score exact e* (Note [Neighborhood cost cache]).
 --replays-refresh-staleness makes a rematerialization touch the storages it brings back (the rule
 until stop 33: Note [Staleness of replayed storages]).
+--keep-held-recipes keeps the recipes of the held results of the ops that read a dying storage
+(what a backward pass accumulated into in place, the loss once the backward pass has gone past it)
+instead of freezing them so the dying storage is collected (the rule until stop 57: Note [Held
+results of dead inputs]).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
 --backward-protection K multiplies by K the scores of the storages computed or written by ops the
@@ -95,6 +100,8 @@ int main(int argc, char** argv) {
       options.runtime.cut_losing_walks = false;
     } else if (arg == "--replays-refresh-staleness") {
       options.runtime.replays_refresh_staleness = true;
+    } else if (arg == "--keep-held-recipes") {
+      options.runtime.freeze_held_results = false;
     } else if (!value(&v)) {
       return Fail(absl::StrCat("unknown or incomplete option '", arg, "'\n", kUsage));
     } else if (arg == "--trace") {

@@ -270,16 +270,21 @@ def fork_workers():
             "parent": [dg(s) for s in shared]}
 
 
+def mlp_with_momentum_sgd():
+    """A small MLP (seed 0) and momentum SGD, for the scenarios about gradients."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                            torch.nn.Linear(64, 8))
+    return m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+
+
 def zeroed_grads():
     """optimizer.zero_grad(set_to_none=False) keeps every .grad and zeroes it in place (an
     overwriting zero_): until the backward pass accumulates into them they are storages a fill
     brings back, which dtr may evict like any other (Note [Results awaiting their reader],
     runtime/eviction_search.cc). Evicted here before each forward pass, with the last step's batch;
     the backward pass's in-place accumulation must replay the fill and give the same gradients."""
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                            torch.nn.Linear(64, 8))
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    m, opt = mlp_with_momentum_sgd()
     g = torch.Generator().manual_seed(3)
     out = {}
     for step in range(3):  # the first step makes the gradients; the next two zero them
@@ -295,10 +300,34 @@ def zeroed_grads():
     return out
 
 
+def held_loss():
+    """The loss read after the optimizer step (`loss.item()` after `opt.step()`, as much training
+    code logs it): while the backward pass frees the loss's inputs, the held loss is frozen (Note
+    [Held results of dead inputs], runtime/lifetime.cc), so evicting everything between backward
+    and step leaves it resident and the step's in-place updates need not replay the forward pass
+    to bring it back (Note [Mutation]). A .grad the backward pass accumulated into is frozen the
+    same way; the zeroed ones evicted before each forward pass are brought back by a fill."""
+    m, opt = mlp_with_momentum_sgd()
+    g = torch.Generator().manual_seed(5)
+    out = {}
+    for step in range(3):
+        opt.zero_grad(set_to_none=False)
+        evict_all()
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 8, (32,), generator=g)
+        loss = F.mse_loss(m(x), F.one_hot(y, 8).float())  # a 0-dim view of a 1 KiB storage
+        loss.backward()
+        evict_all()
+        opt.step()
+        out[f"loss{step}"] = loss.item()
+        out[f"grads{step}"] = [dg(p.grad) for p in m.parameters()]
+    out["params"] = [dg(p) for p in m.parameters()]
+    return out
+
+
 SCENARIOS = dict(numpy_writes=numpy_writes, kept_numpy_view=kept_numpy_view, conj_neg=conj_neg,
                  global_settings=global_settings, hidden_rng=hidden_rng, lstm_grad_mode=lstm_grad_mode,
                  leaving_python=leaving_python, sparse_quantized=sparse_quantized, fork_workers=fork_workers,
-                 zeroed_grads=zeroed_grads)
+                 zeroed_grads=zeroed_grads, held_loss=held_loss)
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

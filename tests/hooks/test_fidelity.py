@@ -21,13 +21,50 @@ def last_json(r):
 
 @pytest.mark.parametrize("name", ["numpy_writes", "kept_numpy_view", "conj_neg", "global_settings",
                                   "hidden_rng", "lstm_grad_mode", "leaving_python", "sparse_quantized",
-                                  "fork_workers", "zeroed_grads"])
+                                  "fork_workers", "zeroed_grads", "held_loss"])
 def test_bit_identical_with_evictions(name):
     plain = last_json(run([PY, SCEN, name]))["out"]
     res = last_json(run([PY, SCEN, name], preload=True, timeout=600))
     wrong = {k: (plain[k], res["out"].get(k)) for k in plain if plain[k] != res["out"].get(k)}
     assert not wrong, json.dumps(wrong)[:3000]
     assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
+def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step():
+    """Note [Held results of dead inputs]: the loss and the accumulated gradients are frozen while
+    the backward pass frees what they were computed from, so the evictions between backward and
+    step leave them resident and the step replays nothing. Measured on the third step: in the
+    first the backward pass makes the gradients (not in place), which the evictions take; until
+    the second step's updates the parameters keep their initializers' recipes (an overwriting
+    uniform_, then the first update), and bringing those back replays them. A fourth step with
+    the gradients set to None leaves the loss alone frozen: its storage (a 0-dim view of the
+    unreduced loss's 1 KiB in PyTorch 2.x)."""
+    code = ("import json, torch, torch.nn.functional as F\n"
+            "from scenarios import evict_all\n"
+            "torch.manual_seed(0)\n"
+            "m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))\n"
+            "opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)\n"
+            "stats = lambda: json.loads(torch.ops.dtr.stats())\n"
+            "for step in range(4):\n"
+            "    opt.zero_grad(set_to_none=step == 3)\n"
+            "    loss = F.mse_loss(m(torch.randn(32, 64)), torch.zeros(32, 8))\n"
+            "    loss.backward()\n"
+            "    if step == 3:\n"
+            "        frozen = {k: v for k, v in stats()['unevictable_by_reason'].items() if 'held result' in k}\n"
+            "        break\n"
+            "    evict_all()\n"
+            "    before = stats()\n"
+            "    opt.step()\n"
+            "    value = loss.item()\n"
+            "    after = stats()\n"
+            "print(json.dumps(dict(replays=after['replays'] - before['replays'], evictions=before['evictions'],\n"
+            "                      reasons=after['unevictable_by_reason'], frozen=frozen,\n"
+            "                      loss_bytes=loss.untyped_storage().nbytes())))\n")
+    r = last_json(run([PY, "-c", code], preload=True, PYTHONPATH=HERE))
+    assert r["evictions"] > 0, r
+    assert r["replays"] == 0, r
+    assert any("held result frozen" in k for k in r["reasons"]), r
+    assert list(r["frozen"].values()) == [r["loss_bytes"]], r
 
 
 def test_exposed_memory_is_pinned_and_reported():
@@ -133,15 +170,22 @@ def test_memory_flat_over_200_steps(mode):
     st = res["dtr"]
     assert st["evictions"] > 0 and st["peak_reserved_bytes"] <= budget, st
     # Eviction choices follow measured op times, so the memory held at one sample can differ by a
-    # tensor from run to run (a 256x256 one is a third of ema's accounted bytes): the baseline is
-    # the larger of steps 20 and 40, and growth is looked for over the 160 steps after.
-    samples = {step: (acc, rss) for step, acc, rss in res["samples"]}
-    acc0 = max(samples[20][0], samples[40][0])
-    rss0 = max(samples[20][1], samples[40][1])
-    for step, (acc, rss) in samples.items():
-        if step > 40:
-            assert acc <= acc0 * 1.05, (mode, step, acc, acc0)
-            assert rss <= rss0 * 1.05, (mode, step, rss, rss0)
+    # tensor from run to run (a 256x256 one is a third of ema's accounted bytes; on a loaded CI
+    # machine step 100 held ema's batch where steps 20 and 40 had it evicted): the baseline is the
+    # larger of steps 20 and 40, and growth is looked for over the 160 steps after as the lesser
+    # of every two consecutive samples, which growth raises and one sample's tensor does not.
+    samples = sorted((step, acc, rss) for step, acc, rss in res["samples"])
+    by_step = {step: (acc, rss) for step, acc, rss in samples}
+    acc0 = max(by_step[20][0], by_step[40][0])
+    rss0 = max(by_step[20][1], by_step[40][1])
+    later = [s for s in samples if s[0] > 40]
+    assert len(later) >= 8, samples
+    for i in range(len(later) - 1):
+        window = later[i:i + 2]
+        least = min(acc for _, acc, _ in window)
+        assert least <= acc0 * 1.05, (mode, window, acc0)
+    for step, acc, rss in later:
+        assert rss <= rss0 * 1.05, (mode, step, rss, rss0)
 
 
 def test_replay_chains_are_bounded():

@@ -725,6 +725,108 @@ TEST_F(RuntimeTest, AZeroedGradientAwaitingItsReaderIsAnOrdinaryCandidate) {
   Check();
 }
 
+// Note [Held results of dead inputs]: when a storage dies, the held results of an op reading it
+// are frozen if that op accumulated in place in a backward pass (a .grad) or is a forward op
+// whose results the backward pass has gone past (the loss), and the dying storage is collected
+// instead of evicted. In a forward pass a held result (an activation autograd saved) keeps its
+// recipe, and so does a forward in-place sum; everything does with freeze_held_results off, and
+// the loss does with backward_next_use 0 (the pass is not followed). The budget plays no part.
+TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
+  struct Case {
+    bool option;
+    uint64_t budget;  // 1 MiB never binds here
+    double next_use;
+  };
+  std::vector<uint64_t> floors;
+  for (Case c : {Case{true, 1 << 20, 0.75}, Case{false, 1 << 20, 0.75}, Case{true, kUnlimitedBudget, 0.75},
+                 Case{true, 1 << 20, 0}}) {
+    SCOPED_TRACE(absl::StrCat("freeze_held_results ", c.option, ", budget ", c.budget, ", next use ", c.next_use));
+    RuntimeConfig config = ExactDtrConfig();
+    config.freeze_held_results = c.option;
+    config.budget_bytes = c.budget;
+    config.backward_next_use = c.next_use;
+    Make(config);
+    const bool freeze = c.option;
+    const bool freeze_loss = freeze && c.next_use > 0;
+    auto run = [&](absl::string_view name, std::vector<StorageId> inputs, bool backward) {
+      std::vector<uint64_t> sizes{100};
+      Runtime::OpCall call{name, inputs, sizes, true, 0};
+      call.backward = backward;
+      auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+      EXPECT_TRUE(out.ok()) << out.status();
+      return out.ok() ? (*out)[0] : StorageId{};
+    };
+    const StorageId x = Const(1);
+    // Forward pass: `saved` dies while `activation`, computed from it and held, waits for the
+    // backward pass. Nothing is frozen.
+    const StorageId saved = run("saved", {x}, false);
+    const StorageId activation = run("activation", {saved}, false);
+    const StorageId logits = run("logits", {activation}, false);
+    // A sum a forward op accumulates in place, held, reading the logits.
+    const StorageId running = run("running", {x}, false);
+    std::vector<StorageId> sum_in{running, logits}, sum_out{running};
+    ASSERT_TRUE(rt_->Mutate({"add_", sum_in, sum_out, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    const StorageId loss = run("loss", {logits}, false);
+    ASSERT_TRUE(rt_->DropRef(saved).ok());
+    ASSERT_NE(rt_->storage(saved), nullptr);
+    EXPECT_FALSE(Resident(saved));  // evicted: `activation`'s recipe reads it
+    EXPECT_TRUE(rt_->storage(activation)->rematerializable());
+    // A parameter's .grad, zeroed in place before the step.
+    const StorageId grad = Const(100);
+    std::vector<StorageId> grad_only{grad};
+    Runtime::MutateCall zero{"zero_", {}, grad_only, true, 0};
+    zero.overwrites = true;
+    ASSERT_TRUE(rt_->Mutate(zero, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    // Backward pass: the loss's input dies once read. The gradient it was read for still reads it,
+    // so it is evicted either way, but the held loss no longer needs it.
+    const StorageId grad_logits = run("loss_backward", {logits}, true);
+    ASSERT_TRUE(rt_->DropRef(logits).ok());
+    ASSERT_NE(rt_->storage(logits), nullptr);
+    EXPECT_FALSE(Resident(logits));
+    EXPECT_TRUE(Resident(loss));
+    if (freeze_loss) {
+      EXPECT_FALSE(rt_->storage(loss)->rematerializable());
+      EXPECT_EQ(rt_->storage(loss)->constant_reason, ConstantReason::kHeldResult);
+    } else {
+      EXPECT_TRUE(rt_->storage(loss)->rematerializable());
+    }
+    EXPECT_TRUE(rt_->storage(running)->rematerializable());  // an in-place op of a forward pass
+    // The backward pass accumulates a contribution into the .grad in place; the contribution dies.
+    const StorageId contribution = run("linear_backward", {grad_logits, activation}, true);
+    std::vector<StorageId> accumulate_in{grad, contribution};
+    Runtime::MutateCall accumulate{"add_", accumulate_in, grad_only, true, 0};
+    accumulate.backward = true;
+    ASSERT_TRUE(rt_->Mutate(accumulate, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    ASSERT_TRUE(rt_->storage(grad)->rematerializable());
+    ASSERT_TRUE(rt_->DropRef(contribution).ok());
+    if (freeze) {
+      EXPECT_EQ(rt_->storage(contribution), nullptr);
+      EXPECT_EQ(rt_->storage(grad)->constant_reason, ConstantReason::kHeldResult);
+      EXPECT_TRUE(Resident(grad));
+    } else {
+      ASSERT_NE(rt_->storage(contribution), nullptr);
+      EXPECT_FALSE(Resident(contribution));
+      EXPECT_EQ(rt_->storage(grad)->recipe.size(), 2u);  // zero_, then add_ of the contribution
+    }
+    // The activation saved for the backward pass kept its recipe all along.
+    EXPECT_TRUE(rt_->storage(activation)->rematerializable());
+    // Note [Memory floor] counts what the runtime froze as evictable: the same floor either way,
+    // set by this op, the largest (its operands count in full).
+    std::vector<StorageId> step_in{grad, loss};
+    std::vector<uint64_t> step_sizes{10000};
+    ASSERT_TRUE(rt_->Compute({"optimizer_step", step_in, step_sizes, true, 0},
+                             [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; })
+                    .ok());
+    floors.push_back(rt_->stats().floor_bytes);
+    Check();
+    // zero_grad again: the overwrite makes the frozen .grad a fill's result, no longer frozen.
+    ASSERT_TRUE(rt_->Mutate(zero, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    EXPECT_TRUE(rt_->storage(grad)->rematerializable());
+    Check();
+  }
+  EXPECT_THAT(floors, ::testing::Each(floors[0]));
+}
+
 // Note [Memory floor]: unevictable bytes plus the largest op's evictable inputs and outputs.
 TEST_F(RuntimeTest, FloorIsUnevictableBytesPlusTheWorstOpsOperands) {
   Make(kUnlimitedBudget);
