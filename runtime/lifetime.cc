@@ -72,7 +72,7 @@ void Runtime::OnUnreferenced(StorageId id) {
 //   zero_grad(set_to_none=False)) and the engine's sums of a gradient several ops contribute to.
 //   Each contribution dies at once; the sum, held and unread until its consumer runs, was a
 //   victim of last resort, and evicting one replayed the backward pass behind it (ResNet at
-//   r = 0.3 of its activations 3.51x; a sum's replay of a convolution_backward with its
+//   r = 0.3 of its activations 3.57x; a sum's replay of a convolution_backward with its
 //   workspace ran it out of memory when only the .grads were frozen).
 // - The loss, or another result of a forward op that the program holds and the backward pass
 //   has gone past: an optimizer step that updates a parameter in place must first bring back
@@ -99,7 +99,9 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
   absl::InlinedVector<StorageId, 4> frozen;
   for (OpId op_id : rec(dying).readers) {
     const OpRecord& op = ops_[op_id];
-    if (op.backward ? !op.in_place : op.in_place || !in_backward_pass_) continue;
+    const bool accumulates = op.backward && op.in_place;
+    const bool forward_result = !op.backward && !op.in_place && in_backward_pass_;
+    if (!accumulates && !forward_result) continue;
     absl::InlinedVector<StorageId, 2> outputs;
     for (StorageId o : op.outputs) {
       const StorageRecord* out = storages_.Find(o);
@@ -109,7 +111,7 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
         break;
       // The loss, not an activation the pass has still to read: the pass went back past its last
       // forward use (Note [Next use in a backward pass]).
-      if (!op.backward && out->last_access < backward_mirror_) break;
+      if (forward_result && out->last_access < backward_mirror_) break;
       outputs.push_back(o);
     }
     // Only if the op goes with them: freezing some of its results leaves it reading `dying`.
@@ -117,14 +119,8 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
     for (StorageId o : outputs)
       if (!ContainsValue(frozen, o)) frozen.push_back(o);
   }
-  for (StorageId o : frozen) FreezeHeldResult(o);
+  for (StorageId o : frozen) Detach(o, ConstantReason::kHeldResult);
   return !frozen.empty();
-}
-
-void Runtime::FreezeHeldResult(StorageId id) {
-  Detach(id, ConstantReason::kHeldResult);
-  const StorageRecord& r = rec(id);  // held, so still recorded and resident
-  if (r.constant_reason == ConstantReason::kHeldResult && r.resident()) held_result_bytes_ += r.size;
 }
 
 void Runtime::Banish(StorageId id) {
@@ -143,6 +139,7 @@ void Runtime::Detach(StorageId id, ConstantReason why) {
   StorageRecord& r = rec(id);
   if (!r.rematerializable()) return;
   r.constant_reason = why;  // before ClearRecipe, which calls out to the backend
+  if (why == ConstantReason::kHeldResult && r.resident()) held_result_bytes_ += r.size;  // Note [Memory floor]
   ClearRecipe(id);
   ++stats_.detached;
   // Frozen with nobody holding it: Note [Dead constants in accumulating recipes].
@@ -185,14 +182,9 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
   }
   // A frozen held result frees its accumulators as one: Note [Memory floor] counts both as
   // this runtime's choice.
-  const bool held_result = rec(id).constant_reason == ConstantReason::kHeldResult;
-  for (StorageId o : accumulators) {
-    if (held_result) {
-      FreezeHeldResult(o);
-    } else {
-      Detach(o, ConstantReason::kAccumulator);
-    }
-  }
+  const ConstantReason why = rec(id).constant_reason == ConstantReason::kHeldResult ? ConstantReason::kHeldResult
+                                                                                     : ConstantReason::kAccumulator;
+  for (StorageId o : accumulators) Detach(o, why);
   MaybeCollect(id);
 }
 

@@ -383,7 +383,6 @@ class Runtime {
   void ReleaseDeadConstant(StorageId id);
   // Note [Held results of dead inputs] (lifetime.cc): whether it froze any.
   bool FreezeHeldResultsOf(StorageId dying);
-  void FreezeHeldResult(StorageId id);
   void Banish(StorageId id);
   void Detach(StorageId id, ConstantReason why);
   void ClearRecipe(StorageId id);
