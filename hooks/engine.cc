@@ -46,6 +46,7 @@ absl::Status Engine::Init() {
   rc.neighborhood_walk_limit = cfg_.neighborhood_walk_limit;
   rc.backward_protection = cfg_.backward_protection;
   rc.backward_next_use = cfg_.backward_next_use;
+  rc.freeze_backward_results = cfg_.freeze_gradients;
   auto rt = Runtime::Create(rc, this);
   if (!rt.ok()) return rt.status();
   rt_ = std::move(*rt);

@@ -27,7 +27,8 @@ const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLO
                               "DTR_VERBOSE",    "DTR_ENABLE",     "DTR_EVICT",      "DTR_MAX_REPLAY_DEPTH",
                               "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
                               "DTR_NEIGHBORHOOD_WALK_LIMIT",
-                              "DTR_BACKWARD_PROTECTION", "DTR_BACKWARD_NEXT_USE", "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_BACKWARD_PROTECTION", "DTR_BACKWARD_NEXT_USE", "DTR_FREEZE_GRADIENTS",
+                              "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -82,6 +83,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
                       ", neighborhood_walk_limit=", neighborhood_walk_limit,
                       ", backward_protection=", backward_protection, ", backward_next_use=", backward_next_use,
+                      ", freeze_gradients=", freeze_gradients,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -108,6 +110,11 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
     if (!strcmp(v, "0")) c.evict = false;
     else if (!strcmp(v, "1")) c.evict = true;
     else return Bad("DTR_EVICT", v, "0 | 1");
+  }
+  if (const char* v = getenv_fn("DTR_FREEZE_GRADIENTS")) {
+    if (!strcmp(v, "0")) c.freeze_gradients = false;
+    else if (!strcmp(v, "1")) c.freeze_gradients = true;
+    else return Bad("DTR_FREEZE_GRADIENTS", v, "0 | 1");
   }
   if (const char* v = getenv_fn("DTR_BUDGET")) {
     if (!strcmp(v, "unlimited") || !strcmp(v, "none")) {

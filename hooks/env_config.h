@@ -31,6 +31,9 @@
 //                   pass], runtime/eviction_search.cc
 //   DTR_BACKWARD_NEXT_USE  a number from 0 to 1 (default 0.75; 0: staleness alone, the DTR
 //                   paper's): Note [Next use in a backward pass], runtime/eviction_search.cc
+//   DTR_FREEZE_GRADIENTS  0 | 1: freeze what every op of a backward pass computed once its input
+//                   dies, not only what its in-place ops accumulated (default: RuntimeConfig's):
+//                   Note [Frozen results pass it on], runtime/lifetime.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
@@ -80,6 +83,8 @@ struct DtrEnvConfig {
   double backward_protection = RuntimeConfig{}.backward_protection;
   // Note [Next use in a backward pass] (runtime/eviction_search.cc); 0: staleness alone.
   double backward_next_use = RuntimeConfig{}.backward_next_use;
+  // Note [Frozen results pass it on] (runtime/lifetime.cc).
+  bool freeze_gradients = RuntimeConfig{}.freeze_backward_results;
   uint32_t neighborhood_cache_events = RuntimeConfig{}.neighborhood_cache_events;  // exact; 0: none
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   // Note [Bounded neighborhood walks] (runtime/neighborhoods.cc); 0: unbounded.

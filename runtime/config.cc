@@ -87,13 +87,13 @@ std::string RuntimeConfig::ToString() const {
       "budget=%s heuristic=%s dealloc=%s search=%s sample_factor=%g min_samples=%d max_samples=%d "
       "exhaustive_pool=%d neighborhood_walk_limit=%d cut_losing_walks=%d neighborhood_cache=%s "
       "small_storage_fraction=%g thrash_damping=%g thrash_half_life_ops=%d replays_refresh_staleness=%d "
-      "freeze_held_results=%d rebuild_protection=%g backward_protection=%g backward_next_use=%g pending_protection=%g input_locking=%s "
+      "freeze_held_results=%d freeze_backward_results=%d rebuild_protection=%g backward_protection=%g backward_next_use=%g pending_protection=%g input_locking=%s "
       "max_replay_depth=%d max_recompute_ratio=%g recompute_half_life_ops=%d seed=%d",
       budget_bytes == kUnlimitedBudget ? std::string("unlimited") : absl::StrCat(budget_bytes),
       HeuristicName(heuristic), DeallocPolicyName(dealloc), SearchModeName(search), sample_factor,
       min_samples, max_samples, exhaustive_pool, neighborhood_walk_limit, cut_losing_walks, NeighborhoodCacheName(neighborhood_cache_events),
       small_storage_fraction, thrash_damping, thrash_half_life_ops,
-      replays_refresh_staleness, freeze_held_results, rebuild_protection, backward_protection, backward_next_use, pending_protection,
+      replays_refresh_staleness, freeze_held_results, freeze_backward_results, rebuild_protection, backward_protection, backward_next_use, pending_protection,
       InputLockingName(input_locking), max_replay_depth,
       max_recompute_ratio, recompute_half_life_ops, seed);
 }

@@ -89,6 +89,11 @@ struct RuntimeConfig {
   // pass has gone past it) are frozen, so it is collected instead of evicted. false keeps their
   // recipes, for the simulator's comparisons.
   bool freeze_held_results = true;
+  // Note [Frozen results pass it on] (lifetime.cc): with freeze_held_results, the results of every
+  // op of a backward pass are frozen, not only of its in-place ops, and a frozen result that dies
+  // passes the rule on. Faster at most budgets, but a gradient can no longer be evicted, so the
+  // smallest budget that trains rises where gradients must make room; off by default.
+  bool freeze_backward_results = false;
   // Note [Rebuilt segments] (remat.cc): while a rematerialization is under way, the storages it
   // has already brought back have their scores multiplied by this, so the search takes them
   // last. 1: no protection.

@@ -920,22 +920,37 @@ uint64_t Runtime::UnevictableBytes() const {
 }
 
 absl::Status Runtime::InfeasibleError(uint64_t bytes, absl::string_view what) const {
-  uint64_t constant = 0, pinned = 0, locked = 0, tiny = 0;
+  uint64_t pinned = 0, locked = 0;
+  std::array<uint64_t, kConstantReasonCount> constant_by_reason{};
   storages_.ForEach([&](StorageId, const StorageRecord& r) {
     if (!r.resident()) return;
     if (r.locks > 0) locked += r.size;
     else if (r.pins > 0) pinned += r.size;
-    else if (!r.rematerializable()) constant += r.size;
-    else if (r.size == 0) tiny += r.size;
+    else if (!r.rematerializable()) constant_by_reason[size_t(r.constant_reason)] += r.size;
   });
+
+  // The constants by reason, largest first, so that the message says which of them this
+  // runtime chose (frozen results) and which the program made.
+  uint64_t constant = 0;
+  std::vector<size_t> reasons;
+  for (size_t i = 0; i < kConstantReasonCount; ++i) {
+    constant += constant_by_reason[i];
+    if (constant_by_reason[i] > 0) reasons.push_back(i);
+  }
+  std::stable_sort(reasons.begin(), reasons.end(),
+                   [&](size_t a, size_t b) { return constant_by_reason[a] > constant_by_reason[b]; });
+  std::string by_reason;
+  for (size_t i : reasons)
+    absl::StrAppend(&by_reason, by_reason.empty() ? "" : ", ", FormatBytes(constant_by_reason[i]), " ",
+                    ConstantReasonName(ConstantReason(i)));
+  if (by_reason.empty()) by_reason = "parameters, inputs, unreplayable results";
   uint64_t needed = memory_ + bytes;
   return absl::ResourceExhaustedError(absl::StrFormat(
       "dtr: budget of %s is infeasible: %s need %s more, with %s resident of which nothing more "
-      "can be evicted: %s locked by the operation in progress, %s pinned, %s constants "
-      "(parameters, inputs, unreplayable results). A budget of at least %s would be needed at this "
-      "point (more may be needed later).",
+      "can be evicted: %s locked by the operation in progress, %s pinned, %s constants (%s). A "
+      "budget of at least %s would be needed at this point (more may be needed later).",
       FormatBytes(config_.budget_bytes), what, FormatBytes(bytes), FormatBytes(memory_),
-      FormatBytes(locked), FormatBytes(pinned), FormatBytes(constant), FormatBytes(needed)));
+      FormatBytes(locked), FormatBytes(pinned), FormatBytes(constant), by_reason, FormatBytes(needed)));
 }
 
 }  // namespace dtr

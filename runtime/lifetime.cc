@@ -28,6 +28,13 @@ void EraseValue(Vec& v, const T& x) {
   if (it != v.end()) v.erase(it);
 }
 
+// An output the program dropped, evicted, that nothing uses or brings back: its record stays
+// only for the recipes that read it (Note [Dead siblings of a held result]).
+bool DeadAndEvicted(const StorageRecord& r) {
+  return !r.resident() && r.external_refs == 0 && r.pins == 0 && r.locks == 0 && r.waits == 0 &&
+         r.pending_reads == 0;
+}
+
 }  // namespace
 
 using runtime_internal::ContainsValue;
@@ -80,32 +87,81 @@ void Runtime::OnUnreferenced(StorageId id) {
 //   the forward pass before the first update (`loss.item()` after `opt.step()`; in PyTorch 2.x
 //   UNet's loss is a view of the unreduced loss's 64 KiB): 26% of UNet's recomputation at 0.3.
 // So when a storage dies, the results of an op reading it are frozen (constants: their contents
-// are right) if the op is an in-place op of a backward pass, or a functional forward op, while a
-// backward pass runs, whose results were last used at or after the point the pass has read back
-// to (Note [Next use in a backward pass]'s mirror; with backward_next_use 0 the mirror does not
-// move and no forward result is frozen); and only if every result whose recipe holds the op is
-// resident, held, unlocked and unpinned, so that the op's record goes. A dying storage left
-// unread is then collected instead of evicted. A held activation the pass has still to
-// read keeps its recipe (freezing saved activations would pin the forward pass), and so does a
-// forward in-place sum (freezing an LSTM's gate sums ran it out of memory at r <= 0.5). A frozen
-// sum that dies while an evicted result's recipe still reads it stays resident until that record
-// goes (Note [Dead constants in accumulating recipes] frees it only from in-place readers).
+// are right) if the op is an in-place op of a backward pass (any op of it with the option of
+// Note [Frozen results pass it on]), or a functional forward op, while a backward pass runs,
+// whose results were last used at or after the point the pass has read back to (Note [Next use
+// in a backward pass]'s mirror; with backward_next_use 0 the mirror does not move and no forward
+// result is frozen); and only if every result whose recipe holds the op is resident, held,
+// unlocked and unpinned, so that the op's record goes (or is held only by a dead sibling: Note
+// [Dead siblings of a held result]). A dying storage left unread is then collected instead of
+// evicted. A held activation the pass has still to read keeps its recipe (freezing saved
+// activations would pin the forward pass), and so does a forward in-place sum (freezing an
+// LSTM's gate sums ran it out of memory at r <= 0.5).
 // Freezing is this runtime's choice, not the program's, so Note [Memory floor] counts the frozen
 // bytes as evictable (held_result_bytes_; counted as constants they raised the LSTM's floor from
 // r = 0.10 to 0.19 of its activations, above budgets that train). The rule does not look at the
 // budget: the torch layer's runtime has none (its allocator enforces it). RuntimeConfig::
 // freeze_held_results = false (dtr-sim --keep-held-recipes) keeps the recipes, for comparison.
+//
+// Note [Frozen results pass it on]
+// RuntimeConfig::freeze_backward_results (DTR_FREEZE_GRADIENTS=1; off by default) extends the
+// rule to every op of a backward pass. Its functional ops' results are gradients too, held by the
+// autograd engine until the next backward op reads them, or by the program (a parameter's .grad
+// with zero_grad(set_to_none=True), PyTorch 2.x's default), and once their inputs die bringing
+// one back replays the backward pass behind it; and the dead storages their recipes keep
+// recorded border the forward activations the backward pass reads, in every walk of their
+// evicted neighborhoods. On ResNet at r = 0.35 of its activations (dtr-sim, one trace) freezing
+// them cut the recomputation that native_batch_norm_backward's inputs needed from 95M to 25M
+// (1.42x -> 1.19x). Freezing them alone broke the 64-layer chain (out of memory above r = 0.5):
+// a frozen gradient that dies once the next backward op has read it is a dead constant, kept
+// resident for as long as that op's result's recipe reads it, and 2.4 MiB of them piled up. So
+// with the option a frozen result that dies passes the rule on (ReleaseDeadConstant): the held
+// results of the ops that read it are frozen in turn, and it is collected once no record reads
+// it (a reader kept by a dead sibling keeps it resident); each gradient is then resident from
+// its input's death to its own, as without dtr. (Without it, a frozen sum that dies
+// while an evicted result's recipe still reads it stays resident until that record goes: Note
+// [Dead constants in accumulating recipes] frees it only from in-place readers.) The price is at
+// the floor: a held gradient is no longer a victim of last resort (Note [Results awaiting their
+// reader]) but a constant, and where only evicting one made room the run stops out of memory:
+// tests/hooks' MLP, whose parameters, gradients and momentum are most of its peak, at 0.95 of
+// its peak; the LSTM at r = 0.15 (2.48x before) and, in real runs, below 0.375 of its peak
+// instead of 0.35. Faster elsewhere (bench/results/activations.md and cpu.md, stop 58), but a
+// user's run that trained must not stop training, so it is an option.
+//
+// Note [Dead siblings of a held result]
+// An op's record goes only when no recipe holds it, and a multi-output op's outputs share it.
+// nll_loss_forward returns the loss and total_weight; the program drops total_weight at once, but
+// nll_loss_backward reads it, so it is evicted with its record kept for as long as a gradient's
+// recipe reads it. Requiring the op to go then never froze the loss: on the TreeLSTM at 0.25 of
+// its peak (dtr-sim, the sweep's trace) two optimizer steps brought the evicted loss back before
+// their first update, replaying the forward pass (the last one 1,398 rematerializations, 10% of
+// the run's recomputation; the run's compute ratio 4.70x, 4.14x without them). So an
+// output that is dead and evicted does not keep its held siblings from being frozen; the op and
+// the dying storage's record then stay for it (a dying storage is evicted, as without the rule;
+// a dying frozen one, Note [Frozen results pass it on], stays resident until the record goes),
+// and the frozen ones no longer need them. A dead sibling still resident blocks, as before: it
+// may be in use. Besides the loss the rule freezes the statistics native_batch_norm and
+// native_layer_norm save for the backward pass once their input dies (their output is the dead
+// sibling); they die a few ops later, as constants that stay resident while a gradient's recipe
+// reads them: up to 16 KiB more on the Transformer with no budget. In dtr-sim ResNet is slightly
+// slower for it (0.45 of its peak, three traces: 1.71-1.75x -> 1.77-1.81x; not from the
+// statistics alone), the TreeLSTM faster (0.25: 3.62-4.47x -> 3.24-4.27x).
 bool Runtime::FreezeHeldResultsOf(StorageId dying) {
   absl::InlinedVector<StorageId, 4> frozen;
   for (OpId op_id : rec(dying).readers) {
     const OpRecord& op = ops_[op_id];
-    const bool accumulates = op.backward && op.in_place;
+    const bool backward_result = op.backward && (op.in_place || config_.freeze_backward_results);
     const bool forward_result = !op.backward && !op.in_place && in_backward_pass_;
-    if (!accumulates && !forward_result) continue;
+    if (!backward_result && !forward_result) continue;
     absl::InlinedVector<StorageId, 2> outputs;
+    size_t dead_siblings = 0;
     for (StorageId o : op.outputs) {
       const StorageRecord* out = storages_.Find(o);
       if (out == nullptr || !out->rematerializable() || !ContainsValue(out->recipe, op_id)) continue;
+      if (DeadAndEvicted(*out)) {
+        ++dead_siblings;
+        continue;
+      }
       // Held, resident, and not in use (a replay frame or the op under way holds it).
       if (!out->resident() || out->external_refs == 0 || out->locks > 0 || out->pins > 0 || out->rebuilding)
         break;
@@ -114,8 +170,9 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
       if (forward_result && out->last_access < backward_mirror_) break;
       outputs.push_back(o);
     }
-    // Only if the op goes with them: freezing some of its results leaves it reading `dying`.
-    if (outputs.size() != op.recipe_users) continue;
+    // Only if the op goes with them (freezing some of its results leaves it reading `dying`), or
+    // if what keeps it is a dead sibling (Note [Dead siblings of a held result]).
+    if (outputs.empty() || outputs.size() + dead_siblings != op.recipe_users) continue;
     for (StorageId o : outputs)
       if (!ContainsValue(frozen, o)) frozen.push_back(o);
   }
@@ -164,6 +221,10 @@ constexpr uint64_t kDeadConstantRatio = 4;
 // smaller than the accumulator (under 1/kDeadConstantRatio of it) are kept: freezing a momentum
 // buffer for an 8-byte scalar made two training threads run out of their budget.
 void Runtime::ReleaseDeadConstant(StorageId id) {
+  // Note [Frozen results pass it on]
+  if (config_.freeze_held_results && config_.freeze_backward_results &&
+      rec(id).constant_reason == ConstantReason::kHeldResult)
+    FreezeHeldResultsOf(id);
   const uint64_t size = rec(id).size;
   std::vector<StorageId> accumulators;
   for (OpId op_id : rec(id).readers) {

@@ -45,6 +45,7 @@ OPTIONS = {
     "neighborhood_walk_limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "backward_protection": "DTR_BACKWARD_PROTECTION",
     "backward_next_use": "DTR_BACKWARD_NEXT_USE",
+    "freeze_gradients": "DTR_FREEZE_GRADIENTS",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH

@@ -29,6 +29,7 @@ CLI_OPTIONS = {
     "--neighborhood-walk-limit": "DTR_NEIGHBORHOOD_WALK_LIMIT",
     "--backward-protection": "DTR_BACKWARD_PROTECTION",
     "--backward-next-use": "DTR_BACKWARD_NEXT_USE",
+    "--freeze-gradients": "DTR_FREEZE_GRADIENTS",
 }
 
 

@@ -21,7 +21,7 @@ constexpr const char* kUsage = R"(usage:
           [--search sampled|exact] [--seed N] [--max-recompute X] [--thrash-damping X] [--min-samples N] [--max-samples N]
           [--exhaustive-pool N]
           [--walk-limit N] [--full-walks] [--neighborhood-cache exact|N] [--replays-refresh-staleness]
-          [--keep-held-recipes]
+          [--keep-held-recipes] [--freeze-backward-results]
           [--rebuild-protection K] [--backward-protection K] [--backward-next-use W]
           [--pending-protection K]
           [--input-locks lazy|eager] [--check] [--log-remats]
@@ -43,6 +43,9 @@ until stop 33: Note [Staleness of replayed storages]).
 (what a backward pass accumulated into in place, the loss once the backward pass has gone past it)
 instead of freezing them so the dying storage is collected (the rule until stop 57: Note [Held
 results of dead inputs]).
+--freeze-backward-results freezes the held results of every op of a backward pass once an input
+dies, not only of its in-place ops, and a frozen result that dies passes this on (Note [Frozen
+results pass it on]; DTR_FREEZE_GRADIENTS=1 in real runs).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
 --backward-protection K multiplies by K the scores of the storages computed or written by ops the
@@ -102,6 +105,8 @@ int main(int argc, char** argv) {
       options.runtime.replays_refresh_staleness = true;
     } else if (arg == "--keep-held-recipes") {
       options.runtime.freeze_held_results = false;
+    } else if (arg == "--freeze-backward-results") {
+      options.runtime.freeze_backward_results = true;
     } else if (!value(&v)) {
       return Fail(absl::StrCat("unknown or incomplete option '", arg, "'\n", kUsage));
     } else if (arg == "--trace") {

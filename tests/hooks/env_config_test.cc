@@ -179,6 +179,24 @@ TEST(ParseEnvConfig, NeighborhoodCacheIsExactByDefault) {
   }
 }
 
+// Note [Frozen results pass it on]: DTR_FREEZE_GRADIENTS is 0 or 1, printed, RuntimeConfig's
+// default when unset.
+TEST(ParseEnvConfig, FreezeGradientsIsZeroOrOne) {
+  EXPECT_EQ(FakeEnv{}.Parse()->freeze_gradients, RuntimeConfig{}.freeze_backward_results);
+  for (auto [text, value] : {std::pair<const char*, bool>{"0", false}, {"1", true}}) {
+    auto c = FakeEnv{{{"DTR_FREEZE_GRADIENTS", text}}}.Parse();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->freeze_gradients, value);
+    EXPECT_THAT(c->ToString(), HasSubstr(absl::StrCat("freeze_gradients=", value)));
+  }
+  for (const char* bad : {"yes", "2", ""}) {
+    auto b = FakeEnv{{{"DTR_FREEZE_GRADIENTS", bad}}}.Parse();
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("DTR_FREEZE_GRADIENTS"));
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("0 | 1"));
+  }
+}
+
 TEST(ParseEnvConfig, BudgetsNoMachineHasAreRefused) {
   auto b = FakeEnv{{{"DTR_BUDGET", "9223372036854775807"}}}.Parse();
   ASSERT_FALSE(b.ok());

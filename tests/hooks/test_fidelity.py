@@ -30,7 +30,8 @@ def test_bit_identical_with_evictions(name):
     assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
 
 
-def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step():
+@pytest.mark.parametrize("freeze_gradients", ["0", "1"])
+def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step(freeze_gradients):
     """Note [Held results of dead inputs]: the loss and the accumulated gradients are frozen while
     the backward pass frees what they were computed from, so the evictions between backward and
     step leave them resident and the step replays nothing. Measured on the third step: in the
@@ -38,7 +39,8 @@ def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step():
     the second step's updates the parameters keep their initializers' recipes (an overwriting
     uniform_, then the first update), and bringing those back replays them. A fourth step with
     the gradients set to None leaves the loss alone frozen: its storage (a 0-dim view of the
-    unreduced loss's 1 KiB in PyTorch 2.x)."""
+    unreduced loss's 1 KiB in PyTorch 2.x). With DTR_FREEZE_GRADIENTS=1 (Note [Frozen results
+    pass it on]) the gradients the backward pass made anew are frozen too."""
     code = ("import json, torch, torch.nn.functional as F\n"
             "from scenarios import evict_all\n"
             "torch.manual_seed(0)\n"
@@ -51,6 +53,7 @@ def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step():
             "    loss.backward()\n"
             "    if step == 3:\n"
             "        frozen = {k: v for k, v in stats()['unevictable_by_reason'].items() if 'held result' in k}\n"
+            "        grad_bytes = sum(p.grad.untyped_storage().nbytes() for p in m.parameters())\n"
             "        break\n"
             "    evict_all()\n"
             "    before = stats()\n"
@@ -59,12 +62,13 @@ def test_a_held_loss_is_frozen_not_replayed_by_the_optimizer_step():
             "    after = stats()\n"
             "print(json.dumps(dict(replays=after['replays'] - before['replays'], evictions=before['evictions'],\n"
             "                      reasons=after['unevictable_by_reason'], frozen=frozen,\n"
-            "                      loss_bytes=loss.untyped_storage().nbytes())))\n")
-    r = last_json(run([PY, "-c", code], preload=True, PYTHONPATH=HERE))
+            "                      loss_bytes=loss.untyped_storage().nbytes(), grad_bytes=grad_bytes)))\n")
+    r = last_json(run([PY, "-c", code], preload=True, PYTHONPATH=HERE, DTR_FREEZE_GRADIENTS=freeze_gradients))
     assert r["evictions"] > 0, r
     assert r["replays"] == 0, r
     assert any("held result frozen" in k for k in r["reasons"]), r
-    assert list(r["frozen"].values()) == [r["loss_bytes"]], r
+    frozen = r["loss_bytes"] + (r["grad_bytes"] if freeze_gradients == "1" else 0)
+    assert list(r["frozen"].values()) == [frozen], r
 
 
 def test_exposed_memory_is_pinned_and_reported():

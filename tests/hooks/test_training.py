@@ -66,3 +66,36 @@ def test_bit_identical_under_budgets(tmp_path, model):
     smallest = worked[-1][1]
     assert smallest["evictions"] > 0 and smallest["rematerializations"] > 0, smallest
     assert smallest["eviction_calls"] > 0, "the budget never forced the allocator to evict"
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_frozen_gradients_train_bit_identical(tmp_path, model):
+    """DTR_FREEZE_GRADIENTS=1 (Note [Frozen results pass it on]): what each op of the backward pass
+    computes is frozen once its input dies; training stays bit-identical and within the budget."""
+    r, ref = train(tmp_path, model, "plain", preload=False)
+    assert r.returncode == 0, r.stderr
+    r, unl = train(tmp_path, model, "unlimited", preload=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    budget = int(stats_of(r)["peak_allocated_bytes"] * 0.8)
+    r, out = train(tmp_path, model, "frozen", preload=True, DTR_BUDGET=budget, DTR_FREEZE_GRADIENTS="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_identical(ref, out)
+    s = stats_of(r)
+    assert s["peak_reserved_bytes"] <= budget, s
+    assert s["evictions"] > 0 and s["rematerializations"] > 0, s
+
+
+def test_frozen_gradients_cannot_make_room_at_the_mlps_floor(tmp_path):
+    """The price of DTR_FREEZE_GRADIENTS=1: a frozen gradient is no longer evicted when nothing else
+    can go. The MLP, whose parameters, gradients and momentum are most of its peak, trains at 0.95
+    of it only by evicting a gradient: with the option it stops with dtr's out-of-memory error,
+    naming the frozen results, instead."""
+    r, unl = train(tmp_path, "mlp", "unlimited", preload=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    budget = int(stats_of(r)["peak_allocated_bytes"] * 0.95)
+    r, _ = train(tmp_path, "mlp", "kept", preload=True, DTR_BUDGET=budget)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r, _ = train(tmp_path, "mlp", "frozen", preload=True, DTR_BUDGET=budget, DTR_FREEZE_GRADIENTS="1")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "out of memory under DTR_BUDGET" in r.stderr, r.stderr[-3000:]
+    assert "held result frozen" in r.stderr, r.stderr[-3000:]

@@ -215,6 +215,10 @@ def test_info_prints_versions_features_and_configuration():
     assert "backward_next_use=0.75" in out
     r = sh([PY, "-m", "dtr", "--backward-next-use", "0", "--info"])
     assert r.returncode == 0 and "backward_next_use=0," in r.stdout, (r.stdout, r.stderr)
+    # Note [Frozen results pass it on]: off by default, and the option reaching the library.
+    assert "freeze_gradients=0," in out
+    r = sh([PY, "-m", "dtr", "--freeze-gradients", "1", "--info"])
+    assert r.returncode == 0 and "freeze_gradients=1," in r.stdout, (r.stdout, r.stderr)
 
 
 def test_cuda_options_without_a_gpu_are_clear_errors():

@@ -77,6 +77,16 @@ class RuntimeTest : public ::testing::Test {
   StorageId Op1(const std::string& name, std::vector<StorageId> inputs, uint64_t size, double cost = 1) {
     return Op(name, inputs, {size}, cost)[0];
   }
+  // An op of a forward pass or, with `backward`, of a backward pass (Note [Results of the backward
+  // pass]).
+  std::vector<StorageId> PassOp(absl::string_view name, std::vector<StorageId> inputs, std::vector<uint64_t> sizes,
+                                bool backward) {
+    Runtime::OpCall call{name, inputs, sizes, true, 0};
+    call.backward = backward;
+    auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? std::vector<StorageId>(out->begin(), out->end()) : std::vector<StorageId>(sizes.size());
+  }
   void Check() {
     absl::Status s = rt_->CheckInvariants();
     EXPECT_TRUE(s.ok()) << s;
@@ -370,6 +380,23 @@ TEST_F(RuntimeTest, InfeasibleBudgetFailsWithAnExplanationAndChangesNothing) {
   // The same runtime keeps working after the failure.
   ASSERT_TRUE(rt_->Unpin(a).ok());
   Op1("small", {x}, 10);
+}
+
+// The constants an infeasible budget reports are broken down by reason, largest first, so a user
+// can tell the program's constants from results the runtime chose to keep.
+TEST_F(RuntimeTest, InfeasibleBudgetNamesTheConstantsByReason) {
+  Make(100);
+  StorageId x = Const(40);
+  StorageId y = Const(20);
+  StorageId u = Op("unreplayable", {y}, {30}, 1, /*replayable=*/false)[0];
+  ASSERT_TRUE(rt_->storage(u) != nullptr && Resident(u));
+  auto outs = rt_->Compute({"big", {&x, 1}, {std::vector<uint64_t>{50}}, true, 0},
+                           [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_FALSE(outs.ok());
+  EXPECT_THAT(std::string(outs.status().message()),
+              HasSubstr("40 B locked by the operation in progress, 0 B pinned, 50 B constants (30 B output of "
+                        "an op that is not replayable, 20 B given to the runtime)"));
+  Check();
 }
 
 TEST_F(RuntimeTest, FailedExecutionRollsBack) {
@@ -749,12 +776,7 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     const bool freeze = c.option;
     const bool freeze_loss = freeze && c.next_use > 0;
     auto run = [&](absl::string_view name, std::vector<StorageId> inputs, bool backward) {
-      std::vector<uint64_t> sizes{100};
-      Runtime::OpCall call{name, inputs, sizes, true, 0};
-      call.backward = backward;
-      auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
-      EXPECT_TRUE(out.ok()) << out.status();
-      return out.ok() ? (*out)[0] : StorageId{};
+      return PassOp(name, inputs, {100}, backward)[0];
     };
     const StorageId x = Const(1);
     // Forward pass: `saved` dies while `activation`, computed from it and held, waits for the
@@ -825,6 +847,85 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     Check();
   }
   EXPECT_THAT(floors, ::testing::Each(floors[0]));
+}
+
+// Note [Frozen results pass it on]: a backward pass's gradients are frozen when their input dies,
+// and a frozen gradient that dies once the next backward ops have read it freezes their held
+// results in turn and is collected, instead of staying resident as a dead constant that their
+// recipes read.
+TEST_F(RuntimeTest, AFrozenGradientThatDiesFreezesItsReadersAndIsCollected) {
+  for (bool option : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("freeze_backward_results ", option));
+    RuntimeConfig config = ExactDtrConfig();
+    config.budget_bytes = 1 << 20;
+    config.freeze_backward_results = option;
+    Make(config);
+    auto run = [&](absl::string_view name, std::vector<StorageId> inputs, bool backward) {
+      return PassOp(name, inputs, {100}, backward)[0];
+    };
+    const StorageId x = Const(1);
+    const StorageId h1 = run("layer1", {x}, false);
+    const StorageId h2 = run("layer2", {h1}, false);
+    const StorageId seed = run("ones_like", {h2}, true);
+    const StorageId g2 = run("layer2_backward", {seed, h1}, true);
+    ASSERT_TRUE(rt_->DropRef(seed).ok());
+    // Frozen, g2 no longer reads the seed, which is collected; kept, the seed is evicted.
+    EXPECT_EQ(rt_->storage(seed) == nullptr, option);
+    EXPECT_EQ(rt_->storage(g2)->rematerializable(), !option);
+    const StorageId g1 = run("layer1_backward", {g2, x}, true);
+    const StorageId w_grad = run("layer1_weight_backward", {g2, h1}, true);
+    const uint64_t before = rt_->memory();
+    ASSERT_TRUE(rt_->DropRef(g2).ok());
+    // Either way g2's memory goes: collected, or (kept) evicted for g1's and w_grad's recipes.
+    EXPECT_EQ(rt_->memory(), before - 100);
+    EXPECT_EQ(rt_->storage(g2) == nullptr, option);
+    for (StorageId g : {g1, w_grad}) {
+      EXPECT_EQ(rt_->storage(g)->rematerializable(), !option);
+      EXPECT_EQ(rt_->storage(g)->constant_reason, option ? ConstantReason::kHeldResult : ConstantReason::kNone);
+    }
+    // A forward activation the backward pass read keeps its recipe.
+    EXPECT_TRUE(rt_->storage(h1)->rematerializable());
+    ASSERT_TRUE(rt_->DropRef(h2).ok());
+    Check();
+  }
+}
+
+// Note [Dead siblings of a held result]: nll_loss returns the loss and total_weight. Here the
+// program drops total_weight while a forward op's held result still reads it, so it is evicted
+// with its record kept. When the log-probabilities die in the backward pass the held loss is
+// frozen all the same (the op's record stays for the dead sibling), so an optimizer step never
+// has to replay the forward pass to bring the loss back.
+TEST_F(RuntimeTest, AHeldLossIsFrozenThoughADeadSiblingKeepsItsOp) {
+  for (bool option : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("freeze_held_results ", option));
+    RuntimeConfig config = ExactDtrConfig();
+    config.freeze_held_results = option;
+    config.budget_bytes = 1 << 20;
+    Make(config);
+    const StorageId x = Const(1);
+    const StorageId log_probs = PassOp("log_softmax", {x}, {100}, false)[0];
+    const std::vector<StorageId> nll = PassOp("nll_loss_forward", {log_probs}, {4, 4}, false);
+    ASSERT_EQ(nll.size(), 2u);
+    const StorageId loss = nll[0], total_weight = nll[1];
+    const StorageId scaled = PassOp("scale", {total_weight}, {4}, false)[0];
+    ASSERT_TRUE(rt_->DropRef(total_weight).ok());
+    ASSERT_NE(rt_->storage(total_weight), nullptr);  // `scaled`'s recipe reads it
+    EXPECT_FALSE(Resident(total_weight));
+    const StorageId grad = PassOp("nll_loss_backward", {log_probs}, {100}, true)[0];
+    ASSERT_TRUE(rt_->DropRef(log_probs).ok());
+    EXPECT_TRUE(Resident(loss));
+    EXPECT_EQ(rt_->storage(loss)->rematerializable(), !option);
+    EXPECT_EQ(rt_->storage(loss)->constant_reason, option ? ConstantReason::kHeldResult : ConstantReason::kNone);
+    // The dead sibling keeps its recipe, and with it the op and the dying storage's record.
+    EXPECT_TRUE(rt_->storage(total_weight)->rematerializable());
+    ASSERT_NE(rt_->storage(log_probs), nullptr);
+    EXPECT_FALSE(Resident(log_probs));
+    EXPECT_TRUE(rt_->storage(scaled)->rematerializable());
+    // The gradient, a functional backward op's result, keeps its recipe (Note [Frozen results pass
+    // it on] is off by default).
+    EXPECT_TRUE(rt_->storage(grad)->rematerializable());
+    Check();
+  }
 }
 
 // Note [Memory floor]: unevictable bytes plus the largest op's evictable inputs and outputs.

@@ -37,6 +37,7 @@ TEST(SimulatorFuzz, RandomTracesKeepEveryInvariant) {
     options.runtime.thrash_damping = double(rng() % 3);
     options.runtime.replays_refresh_staleness = rng() % 2 == 0;
     options.runtime.freeze_held_results = rng() % 2 == 0;  // Note [Held results of dead inputs]
+    options.runtime.freeze_backward_results = rng() % 2 == 0;  // Note [Frozen results pass it on]
     options.runtime.input_locking = rng() % 2 ? InputLocking::kLazy : InputLocking::kEager;
     options.runtime.backward_protection = rng() % 2 ? 1 : 100;
     options.runtime.backward_next_use = (rng() % 4) / 3.0;  // Note [Next use in a backward pass]: 0 to 1
