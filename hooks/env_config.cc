@@ -101,20 +101,14 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
   });
   if (!unknown.ok()) return unknown;
 
-  if (const char* v = getenv_fn("DTR_ENABLE")) {
-    if (!strcmp(v, "0")) c.enable = false;
-    else if (!strcmp(v, "1")) c.enable = true;
-    else return Bad("DTR_ENABLE", v, "0 | 1");
-  }
-  if (const char* v = getenv_fn("DTR_EVICT")) {
-    if (!strcmp(v, "0")) c.evict = false;
-    else if (!strcmp(v, "1")) c.evict = true;
-    else return Bad("DTR_EVICT", v, "0 | 1");
-  }
-  if (const char* v = getenv_fn("DTR_FREEZE_GRADIENTS")) {
-    if (!strcmp(v, "0")) c.freeze_gradients = false;
-    else if (!strcmp(v, "1")) c.freeze_gradients = true;
-    else return Bad("DTR_FREEZE_GRADIENTS", v, "0 | 1");
+  for (auto [var, field] : {std::pair<const char*, bool*>{"DTR_ENABLE", &c.enable},
+                             std::pair<const char*, bool*>{"DTR_EVICT", &c.evict},
+                             std::pair<const char*, bool*>{"DTR_FREEZE_GRADIENTS", &c.freeze_gradients}}) {
+    const char* v = getenv_fn(var);
+    if (v == nullptr) continue;
+    if (!strcmp(v, "0")) *field = false;
+    else if (!strcmp(v, "1")) *field = true;
+    else return Bad(var, v, "0 | 1");
   }
   if (const char* v = getenv_fn("DTR_BUDGET")) {
     if (!strcmp(v, "unlimited") || !strcmp(v, "none")) {

@@ -74,7 +74,7 @@ def test_frozen_gradients_train_bit_identical(tmp_path, model):
     computes is frozen once its input dies; training stays bit-identical and within the budget."""
     r, ref = train(tmp_path, model, "plain", preload=False)
     assert r.returncode == 0, r.stderr
-    r, unl = train(tmp_path, model, "unlimited", preload=True)
+    r, _ = train(tmp_path, model, "unlimited", preload=True)
     assert r.returncode == 0, r.stderr[-3000:]
     budget = int(stats_of(r)["peak_allocated_bytes"] * 0.8)
     r, out = train(tmp_path, model, "frozen", preload=True, DTR_BUDGET=budget, DTR_FREEZE_GRADIENTS="1")
@@ -90,7 +90,7 @@ def test_frozen_gradients_cannot_make_room_at_the_mlps_floor(tmp_path):
     can go. The MLP, whose parameters, gradients and momentum are most of its peak, trains at 0.95
     of it only by evicting a gradient: with the option it stops with dtr's out-of-memory error,
     naming the frozen results, instead."""
-    r, unl = train(tmp_path, "mlp", "unlimited", preload=True)
+    r, _ = train(tmp_path, "mlp", "unlimited", preload=True)
     assert r.returncode == 0, r.stderr[-3000:]
     budget = int(stats_of(r)["peak_allocated_bytes"] * 0.95)
     r, _ = train(tmp_path, "mlp", "kept", preload=True, DTR_BUDGET=budget)

@@ -87,6 +87,9 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? std::vector<StorageId>(out->begin(), out->end()) : std::vector<StorageId>(sizes.size());
   }
+  StorageId PassOp1(absl::string_view name, std::vector<StorageId> inputs, bool backward, uint64_t size = 100) {
+    return PassOp(name, std::move(inputs), {size}, backward)[0];
+  }
   void Check() {
     absl::Status s = rt_->CheckInvariants();
     EXPECT_TRUE(s.ok()) << s;
@@ -775,20 +778,17 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     Make(config);
     const bool freeze = c.option;
     const bool freeze_loss = freeze && c.next_use > 0;
-    auto run = [&](absl::string_view name, std::vector<StorageId> inputs, bool backward) {
-      return PassOp(name, inputs, {100}, backward)[0];
-    };
     const StorageId x = Const(1);
     // Forward pass: `saved` dies while `activation`, computed from it and held, waits for the
     // backward pass. Nothing is frozen.
-    const StorageId saved = run("saved", {x}, false);
-    const StorageId activation = run("activation", {saved}, false);
-    const StorageId logits = run("logits", {activation}, false);
+    const StorageId saved = PassOp1("saved", {x}, false);
+    const StorageId activation = PassOp1("activation", {saved}, false);
+    const StorageId logits = PassOp1("logits", {activation}, false);
     // A sum a forward op accumulates in place, held, reading the logits.
-    const StorageId running = run("running", {x}, false);
+    const StorageId running = PassOp1("running", {x}, false);
     std::vector<StorageId> sum_in{running, logits}, sum_out{running};
     ASSERT_TRUE(rt_->Mutate({"add_", sum_in, sum_out, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
-    const StorageId loss = run("loss", {logits}, false);
+    const StorageId loss = PassOp1("loss", {logits}, false);
     ASSERT_TRUE(rt_->DropRef(saved).ok());
     ASSERT_NE(rt_->storage(saved), nullptr);
     EXPECT_FALSE(Resident(saved));  // evicted: `activation`'s recipe reads it
@@ -801,7 +801,7 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     ASSERT_TRUE(rt_->Mutate(zero, []() -> absl::StatusOr<double> { return 1.0; }).ok());
     // Backward pass: the loss's input dies once read. The gradient it was read for still reads it,
     // so it is evicted either way, but the held loss no longer needs it.
-    const StorageId grad_logits = run("loss_backward", {logits}, true);
+    const StorageId grad_logits = PassOp1("loss_backward", {logits}, true);
     ASSERT_TRUE(rt_->DropRef(logits).ok());
     ASSERT_NE(rt_->storage(logits), nullptr);
     EXPECT_FALSE(Resident(logits));
@@ -814,7 +814,7 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     }
     EXPECT_TRUE(rt_->storage(running)->rematerializable());  // an in-place op of a forward pass
     // The backward pass accumulates a contribution into the .grad in place; the contribution dies.
-    const StorageId contribution = run("linear_backward", {grad_logits, activation}, true);
+    const StorageId contribution = PassOp1("linear_backward", {grad_logits, activation}, true);
     std::vector<StorageId> accumulate_in{grad, contribution};
     Runtime::MutateCall accumulate{"add_", accumulate_in, grad_only, true, 0};
     accumulate.backward = true;
@@ -860,20 +860,17 @@ TEST_F(RuntimeTest, AFrozenGradientThatDiesFreezesItsReadersAndIsCollected) {
     config.budget_bytes = 1 << 20;
     config.freeze_backward_results = option;
     Make(config);
-    auto run = [&](absl::string_view name, std::vector<StorageId> inputs, bool backward) {
-      return PassOp(name, inputs, {100}, backward)[0];
-    };
     const StorageId x = Const(1);
-    const StorageId h1 = run("layer1", {x}, false);
-    const StorageId h2 = run("layer2", {h1}, false);
-    const StorageId seed = run("ones_like", {h2}, true);
-    const StorageId g2 = run("layer2_backward", {seed, h1}, true);
+    const StorageId h1 = PassOp1("layer1", {x}, false);
+    const StorageId h2 = PassOp1("layer2", {h1}, false);
+    const StorageId seed = PassOp1("ones_like", {h2}, true);
+    const StorageId g2 = PassOp1("layer2_backward", {seed, h1}, true);
     ASSERT_TRUE(rt_->DropRef(seed).ok());
     // Frozen, g2 no longer reads the seed, which is collected; kept, the seed is evicted.
     EXPECT_EQ(rt_->storage(seed) == nullptr, option);
     EXPECT_EQ(rt_->storage(g2)->rematerializable(), !option);
-    const StorageId g1 = run("layer1_backward", {g2, x}, true);
-    const StorageId w_grad = run("layer1_weight_backward", {g2, h1}, true);
+    const StorageId g1 = PassOp1("layer1_backward", {g2, x}, true);
+    const StorageId w_grad = PassOp1("layer1_weight_backward", {g2, h1}, true);
     const uint64_t before = rt_->memory();
     ASSERT_TRUE(rt_->DropRef(g2).ok());
     // Either way g2's memory goes: collected, or (kept) evicted for g1's and w_grad's recipes.
