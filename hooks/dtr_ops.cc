@@ -29,7 +29,14 @@ void OpUnpin(const at::Tensor& t) {
   if (g_engine) g_engine->PinTensor(t, false);
 }
 std::string OpUnevictableAtPeak(at::TensorList exclude) {
-  return g_engine ? g_engine->UnevictableAtPeakJson(exclude) : std::string("{}");
+  if (!g_engine) return "{}";
+  // Note [Recording starts with a budget] (fallback.cc): zeros here would read as "everything
+  // is evictable".
+  TORCH_CHECK(g_engine->recording(),
+              "dtr: unevictable_at_peak: dtr has had no budget in this process, so it has recorded nothing and "
+              "cannot tell what it could evict. Set a budget before building the model and running it (one "
+              "that never binds will do: DTR_BUDGET=1TiB, or a fraction such as 1.0 of the GPU), then ask again");
+  return g_engine->UnevictableAtPeakJson(exclude);
 }
 void OpTraceMark(c10::string_view label) {
   if (g_engine) g_engine->TraceMark(std::string(label));

@@ -57,6 +57,8 @@ absl::Status Engine::Init() {
   alloc_ = std::move(*a);
   alloc_->SetEvictionHandler(this);
   adapter_ = std::make_unique<CpuAllocatorAdapter>(alloc_.get());
+  // Note [Recording starts with a budget] (fallback.cc).
+  recording_.store(!cfg_.unlimited() || !cfg_.trace_file.empty(), std::memory_order_release);
   if (!cfg_.trace_file.empty()) {
     absl::StatusOr<std::string> path = ExpandFileNameNow("DTR_TRACE_FILE", cfg_.trace_file);
     if (!path.ok()) return path.status();
@@ -88,6 +90,11 @@ void Engine::SetBudget(int64_t bytes) {
     Runtime* rt;
     ~RestartWindow() { rt->RestartRecomputationWindow(); }
   } restart_window{rt_.get()};
+  // Note [Recording starts with a budget] (fallback.cc): from the first budget on, for good.
+  if (bytes > 0 && !recording()) {
+    recording_started_late_ = true;
+    recording_.store(true, std::memory_order_release);
+  }
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
@@ -255,6 +262,10 @@ void Engine::ExposeTensor(const at::Tensor& t, bool writable) {
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   if (paused()) return;
   Busy b(this);
+  // Note [Recording starts with a budget] (fallback.cc): exposures are noted before recording
+  // starts too (a storage exposed writable must never become a replay source), but no op runs
+  // Sweep then, which frees the entries of the foreign storages the program dropped.
+  if (!recording() && ++exposures_unrecorded_ % 4096 == 0) Sweep();
   Entry* e = EntryOf(t, true);
   if (writable && !e->changeable()) {
     // Readers recorded so far would replay from bytes the view may change: detach them.
@@ -1013,6 +1024,7 @@ std::string Engine::StatsJson() {
       "{\"budget_bytes\":", cfg_.budget_fraction > 0 ? int64_t(-2) : cfg_.unlimited() ? int64_t(-1) : int64_t(cfg_.budget_bytes),
       ",\"budget_fraction\":", cfg_.budget_fraction,
       ",\"device\":\"", managed_ == ManagedDevice::kCuda ? "cuda" : "cpu", "\"",
+      ",\"recording\":", recording() ? "true" : "false",
       ",\"peak_reserved_bytes\":", as.peak_reserved, ",\"peak_allocated_bytes\":", as.peak_allocated,
       ",\"reserved_bytes\":", as.reserved, ",\"allocated_bytes\":", as.allocated,
       ",\"evictions\":", rs.evictions, ",\"eager_evictions\":", rs.eager_evictions,

@@ -226,6 +226,9 @@ class Engine final : public ReplayBackend,
   void HoldForFork();
   void ReleaseForkHold();
   bool paused() const { return paused_.load(std::memory_order_acquire); }
+  // Note [Recording starts with a budget] (fallback.cc): false until the process has a budget
+  // or a trace file; from then on true for good.
+  bool recording() const { return recording_.load(std::memory_order_acquire); }
 
  private:
   struct Busy {
@@ -500,6 +503,9 @@ class Engine final : public ReplayBackend,
   PeakSnapshot at_peak_;
   uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
+  std::atomic<bool> recording_{false};
+  bool recording_started_late_ = false;  // by set_budget, after running unrecorded (under mu_)
+  uint64_t exposures_unrecorded_ = 0;     // ExposeTensor calls before recording (under mu_)
 };
 
 // The process's engine: set once by dtr_activate (activation.cc), never destroyed; null while dtr

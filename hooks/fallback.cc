@@ -9,6 +9,19 @@
 // them resident and unevictable, Note [Operands held for an op]), runs the op, and then calls
 // Compute with an execute callback that returns the measured cost. Allocations inside the op
 // may evict other storages (the new outputs are not tracked yet, so they cannot be chosen).
+//
+// Note [Recording starts with a budget]
+// With no budget nothing is ever evicted, so recording recipes, holding operands and tracking
+// deaths buys nothing: it cost 1.02-1.18x the instructions of a plain training step on the
+// benchmark models (bench/results/instructions.md, stop 58), where a pass-through costs 1.015x
+// (the boxing of every op). So until the process has a budget (DTR_BUDGET, dtr.enable(budget),
+// torch.ops.dtr.set_budget) or a trace file, every op passes through; dtr's allocator still
+// serves and counts the memory, so peaks and torch's memory statistics are unchanged. The first
+// budget turns recording on for good (Engine::recording_; lifting the budget later keeps it,
+// since evicted storages and recipes exist by then). Tensors made before that are what tensors
+// made before dtr.enable() are: never evicted, constants to the runtime once an op reads them
+// (EntryOf). A program that wants every tensor recorded while nothing limits it (to read
+// unevictable_at_peak, or to evict on demand) sets a budget that never binds from the start.
 #include "hooks/fallback.h"
 
 #include <algorithm>
@@ -103,7 +116,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // __torch_dispatch__ subclass has not run yet when we see the op: ks then has the Python key
   // and the op passes through (the mode redispatches the real op to us, with Python excluded).
   // From 2.13 Fake is below Python and ks never has it here.
-  if (at::in_parallel_region() || ks.has(c10::DispatchKey::Python) || paused()) return pass();
+  if (!recording() || paused() || ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;

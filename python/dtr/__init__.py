@@ -77,7 +77,7 @@ def _parse_budget(budget):
 
 def enable(budget=None, **options):
     """Puts this process's tensors under dtr, with `budget` (bytes, or '6GiB'; None: unlimited,
-    dtr then only tracks and reports peaks). Other options (heuristic, dealloc, search,
+    dtr then records nothing and only tracks and reports peaks, until a budget is set). Other options (heuristic, dealloc, search,
     stats_file, trace_file, verbose, evict) are those of the DTR_* variables.
 
     Enabling after tensors exist is supported: tensors allocated before are never evicted and not
@@ -168,7 +168,8 @@ def _is_loaded():
 
 
 def stats():
-    """dtr's counters as a dict ({} when dtr is not active): budget_bytes (-1: unlimited),
+    """dtr's counters as a dict ({} when dtr is not active): budget_bytes (-1: unlimited), recording
+    (False until the process has had a budget: Note [Recording starts with a budget]),
     peak_reserved_bytes, peak_allocated_bytes, evictions, rematerializations, remat_seconds,
     op_seconds, search_seconds, bookkeeping_seconds, ops_recorded, ... (README)."""
     if not _is_loaded():
@@ -180,7 +181,9 @@ def unevictable_at_peak(exclude=()):
     """What dtr could not evict at the largest tracked memory since the start (or
     reset_peak_stats()), by reason: a dict with tracked_bytes, evictable_bytes, unevictable_bytes,
     excluded_bytes and by_reason ({reason: bytes}), leaving out the storages of the tensors in
-    `exclude` (say the parameters and optimizer state). {} when dtr is not active."""
+    `exclude` (say the parameters and optimizer state). {} when dtr is not active; raises
+    RuntimeError when it has had no budget, so has recorded nothing (a budget that never binds,
+    set before the model is built and run, is enough)."""
     if not _is_loaded() or not _activated():
         return {}
     import torch

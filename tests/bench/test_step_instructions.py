@@ -1,6 +1,7 @@
 """bench/step_instructions.py without valgrind (about 10 s): its worker runs every mode of the chain
 in one process, its client requests doing nothing off valgrind, and what it reports must hold
-together: the same losses in every mode, ops recorded and no rematerialization under dtr. Then the
+together: the same losses in every mode, no rematerialization under dtr, nothing recorded with no
+budget and ops recorded under the budget that never binds. Then the
 parts that read valgrind's output and judge a run: the dump parser on callgrind's own format,
 and the check that fails a run whose losses differ or that recomputed."""
 import importlib.util
@@ -46,21 +47,23 @@ def worker_result(tmp_path_factory):
 
 
 @WORKER_RESULT
-def test_every_mode_trains_the_same_and_dtr_records_without_recomputing(worker_result):
+def test_every_mode_trains_the_same_and_dtr_records_under_a_budget_only(worker_result):
     si, result = worker_result
     assert list(result) == list(si.MODES)
     plain = result["plain"]["losses"]
     assert len(plain) == 2 and all(isinstance(x, float) for x in plain)
     for mode in si.MODES[1:]:
         assert result[mode]["losses"] == plain, mode
-        assert result[mode]["ops_recorded"] > 100, mode  # 64 layers forward and backward, and the step
         assert result[mode]["rematerializations"] == 0, mode
-        assert result[mode]["eager_evictions"] > 0, mode  # dead activations, with a budget or not
+    # Note [Recording starts with a budget]: with no budget every op passes through.
+    assert result["no budget"]["ops_recorded"] == 0 and result["no budget"]["eager_evictions"] == 0
+    assert result["1 TiB budget"]["ops_recorded"] > 100  # 64 layers forward and backward, and the step
+    assert result["1 TiB budget"]["eager_evictions"] > 0  # dead activations
     si.check("chain", {mode: dict(result[mode], instructions_per_step=1) for mode in si.MODES})
 
 
 @WORKER_RESULT
-def test_check_fails_a_run_whose_losses_differ_or_that_recomputed(worker_result):
+def test_check_fails_a_run_whose_losses_differ_that_recomputed_or_recorded_with_no_budget(worker_result):
     si, result = worker_result
     changed = json.loads(json.dumps(result))
     changed["1 TiB budget"]["losses"][-1] += 1e-7
@@ -70,6 +73,10 @@ def test_check_fails_a_run_whose_losses_differ_or_that_recomputed(worker_result)
     recomputed["no budget"]["rematerializations"] = 0.5
     with pytest.raises(SystemExit, match="rematerialized"):
         si.check("chain", recomputed)
+    recorded = json.loads(json.dumps(result))
+    recorded["no budget"]["ops_recorded"] = 1
+    with pytest.raises(SystemExit, match="under a budget only"):
+        si.check("chain", recorded)
 
 
 def test_dumps_are_read_by_mode(tmp_path):
@@ -86,6 +93,7 @@ def test_dumps_are_read_by_mode(tmp_path):
     (tmp_path / "other.124.1").write_text("desc: Trigger: Client Request: measured: plain\ntotals: 5\n")
     assert si.dumped_instructions(str(tmp_path), "chain.") == {"no budget": 1500, "plain": 1000}
     rows = si.table(["chain"], {"chain": {"plain": {"instructions_per_step": 1000},
-                                          "no budget": {"instructions_per_step": 1500, "ops_recorded": 10},
-                                          "1 TiB budget": {"instructions_per_step": 1250}}}).splitlines()
+                                          "no budget": {"instructions_per_step": 1500, "ops_recorded": 0},
+                                          "1 TiB budget": {"instructions_per_step": 1250, "ops_recorded": 10}}}
+                    ).splitlines()
     assert rows[-1] == "| chain | 0.0M | 1.500x | 1.250x | 10 | 50, 25 |"

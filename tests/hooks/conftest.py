@@ -22,6 +22,12 @@ def build_dir():
     return os.environ.get("BUILD_DIR", os.path.join(REPO, "build"))
 
 
+# A budget that never binds: dtr records from the start (it records nothing until the process has
+# a budget, Note [Recording starts with a budget]), so a program can evict on demand
+# (torch.ops.dtr.set_budget(1)) and see its tensors come back.
+NEVER_BINDS = "1TiB"
+
+
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     # The suites test host memory; on a machine with a GPU, DTR_DEVICE=auto would manage CUDA

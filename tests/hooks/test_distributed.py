@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HERE, PY, run
+from conftest import NEVER_BINDS, HERE, PY, run
 
 SCRIPT = os.path.join(HERE, "dist_train.py")
 RANKS = 2
@@ -142,8 +142,10 @@ def test_every_launcher_puts_every_rank_under_its_budget(tmp_path, ddp_reference
 
 
 def test_an_infeasible_budget_on_one_rank_ends_the_job(tmp_path):
+    # Recording from the start (Note [Recording starts with a budget]), so that set_budget can
+    # evict what the first steps left to get under the new budget, and the next step cannot fit.
     got = launch(tmp_path, "dtr", [PY, *torchrun_args("ddp", "--infeasible-rank", "1")], timeout=240,
-                 DTR_ENABLE=1)
+                 DTR_BUDGET=NEVER_BINDS)
     assert got.returncode != 0
     assert "[rank1]: torch.OutOfMemoryError: dtr:" in got.stderr, got.stderr[-3000:]
     assert "out of memory under DTR_BUDGET" in got.stderr, got.stderr[-3000:]

@@ -39,7 +39,14 @@ def reference():
     plain = result(sh([PY, TRAIN, MODEL]))
     assert plain["dtr"] is None  # no DTR_* variable: dtr is not there at all
     unbudgeted = result(sh([PY, "-m", "dtr", TRAIN, MODEL]))
-    peak = unbudgeted["dtr"]["peak_allocated_bytes"]
+    # Note [Recording starts with a budget]: with no budget every op passes through (no op time
+    # measured, nothing evicted), and the allocator still reports the peak. (The digests' numpy()
+    # calls are still noted: Note [Memory read outside the dispatcher].)
+    for key in ("losses", "grads", "params"):
+        assert unbudgeted[key] == plain[key], key
+    st = unbudgeted["dtr"]
+    assert st["recording"] is False and st["op_seconds"] == 0 and st["eager_evictions"] == 0, st
+    peak = st["peak_allocated_bytes"]
     return plain, int(peak * 0.85)
 
 
@@ -163,6 +170,55 @@ print(evicted_before, same, dtr.stats()["evictions"] > evicted_before)
     assert r.returncode == 0, r.stderr[-3000:]
     n, same, more = r.stdout.split()
     assert int(n) > 0 and same == "True" and more == "True"
+
+
+def test_recording_starts_with_the_first_budget_and_stays():
+    """Note [Recording starts with a budget]: with no budget dtr records nothing (and says so
+    when asked what it could evict); the first budget starts recording, what was made before it
+    is never evicted, and lifting the budget keeps recording. The gradients equal a plain run's."""
+    code = r"""
+import hashlib, json, sys, torch
+on = sys.argv[1] == "dtr"
+if on:
+    import dtr
+    dtr.enable()
+torch.manual_seed(0)
+w = torch.randn(256, 256, requires_grad=True)
+early = [torch.tanh(torch.randn(64, 256) @ w) for _ in range(8)]
+out = {}
+if on:
+    out["before"] = dtr.stats()
+    try:
+        dtr.unevictable_at_peak()
+    except RuntimeError as e:
+        out["refused"] = str(e)
+    dtr.set_budget("1TiB")
+late = [torch.tanh(torch.randn(64, 256) @ w) for _ in range(8)]
+if on:
+    out["recording"] = dtr.stats()
+    try:
+        dtr.set_budget(1)  # evicts everything it can, then refuses
+    except torch.OutOfMemoryError:
+        pass
+    dtr.set_budget(None)
+    out["lifted"] = dtr.stats()
+loss = sum(a.sum() for a in early) + sum(a.sum() for a in late)
+loss.backward()
+out["grad"] = hashlib.sha256(w.grad.numpy().tobytes()).hexdigest()
+print(json.dumps(out))
+"""
+    plain = result(sh([PY, "-c", code, "plain"]))
+    res = result(sh([PY, "-c", code, "dtr"]))
+    assert res["grad"] == plain["grad"]
+    before, recording, lifted = res["before"], res["recording"], res["lifted"]
+    assert before["recording"] is False and before["ops_recorded"] == 0 and before["evictions"] == 0, before
+    assert before["peak_allocated_bytes"] >= 8 * 64 * 256 * 4, before  # the allocator still counts
+    assert "no budget" in res["refused"] and "1TiB" in res["refused"], res["refused"]
+    assert recording["recording"] is True and recording["ops_recorded"] >= 8 * 3, recording
+    # Only what was made after the budget can be evicted: the second eight inputs, products and
+    # activations (64 KiB each; the products died, evicted at once), none of the first eight's.
+    assert 0 < lifted["evicted_bytes"] <= 8 * 3 * 64 * 256 * 4, lifted
+    assert lifted["recording"] is True and lifted["budget_bytes"] == -1, lifted
 
 
 # ---- python -m dtr runs the target exactly as python would ----
