@@ -146,7 +146,11 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
     def run(rs):
         blocks = [{"variant": "model", "budget": int(round(r * base)), "ratio": r, "label": f"{r:g}"} for r in rs]
         try:
-            done = runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic)
+            # Recording from the start (Note [Recording starts with a budget]), as a run under
+            # DTR_BUDGET does: the batches step_worker makes before the first block are then
+            # recorded, evictable until their step reads them.
+            done = runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic,
+                                 DTR_BUDGET=NON_BINDING_BUDGET)
         except WorkerError as e:
             # The budgets measured before the crash stand; the crash is the next budget's failure.
             done = [o for o in e.lines if "event" not in o]
@@ -959,8 +963,11 @@ def write_markdown(path, results, a, info, wall, command):
                  "torch.cuda peaks) has not been run: no GPU was available when it was written.\n")
     L.append("Method: for each model, a plain process (no preload) times the training step (median of the "
              "measured steps) and torch.utils.checkpoint; a preloaded process with no budget measures the peak "
-             "allocated bytes (the base of the ratios) and the checkpointed run's peak; then one preloaded "
-             "process per heuristic sets each budget with `torch.ops.dtr.set_budget`, rebuilds the model from "
+             "allocated bytes (the base of the ratios; dtr records nothing there, Note [Recording starts with a "
+             "budget], so it is a plain run's peak through dtr's allocator) and the checkpointed run's peak; then "
+             "one preloaded process per heuristic, started under a budget that never binds (so that dtr records "
+             "from the start, as under `DTR_BUDGET`, and the batches made up front are evictable), sets each "
+             "budget with `torch.ops.dtr.set_budget`, rebuilds the model from "
              "its seed, warms up and times the measured steps, going down until a budget is out of memory (or "
              f"a step exceeds the cap), and a fresh process refines in steps of {FINE_STEP:g} below the last "
              "budget that worked. The plain process runs again at the end; time ratios divide by the faster of "

@@ -672,6 +672,8 @@ void CudaAllocatorAdapter::setMemoryFraction(double fraction, c10::DeviceIndex d
   const size_t cap = std::min(d.budget, size_t(fraction * double(d.total)));
   absl::Status st = d.alloc->SetBudget(cap);
   TORCH_CHECK(st.ok(), "dtr: set_per_process_memory_fraction(", fraction, "): ", std::string(st.message()));
+  // Note [Recording starts with a budget] (fallback.cc): a cap below the device is a budget.
+  if (fraction < 1 && g_engine != nullptr) g_engine->StartRecording();
 }
 
 std::vector<cca::StreamSegmentSize> CudaAllocatorAdapter::getExpandableSegmentSizes(c10::DeviceIndex device) {

@@ -91,10 +91,10 @@ void Engine::SetBudget(int64_t bytes) {
     ~RestartWindow() { rt->RestartRecomputationWindow(); }
   } restart_window{rt_.get()};
   // Note [Recording starts with a budget] (fallback.cc): from the first budget on, for good.
-  if (bytes > 0 && !recording()) {
-    recording_started_late_ = true;
-    recording_.store(true, std::memory_order_release);
-  }
+  // Note [Recording starts with a budget] (fallback.cc): from the first budget accepted on.
+  auto start_recording = [&] {
+    if (bytes > 0) StartRecording();
+  };
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
@@ -111,6 +111,7 @@ void Engine::SetBudget(int64_t bytes) {
                        Breakdown(), ")");
     cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
     cfg_.budget_fraction = 0;
+    start_recording();
     return;
   }
 #endif
@@ -129,6 +130,15 @@ void Engine::SetBudget(int64_t bytes) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): cannot get under ",
                      FormatBytes(nb), ": ", std::string(st.message()), " (", Breakdown(), ")");
   cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
+  start_recording();
+}
+
+void Engine::StartRecording() {
+  std::lock_guard<std::recursive_timed_mutex> l(mu_);
+  if (recording()) return;
+  recording_started_late_ = true;
+  recording_start_serial_ = LastSlotSerial();
+  recording_.store(true, std::memory_order_release);
 }
 
 void Engine::SetPaused(bool paused) {
@@ -291,6 +301,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     Check(sid.status(), "AddConstant");
     Entry* e = NewEntry(*sid, impl, nbytes);
     e->ours = true;
+    e->before_recording = !recording() || s->serial <= recording_start_serial_;
     e->slot = s;
     e->origin = s->origin;  // Note [Unevictable memory by reason]
     s->entry = e;

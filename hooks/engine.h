@@ -229,6 +229,8 @@ class Engine final : public ReplayBackend,
   // Note [Recording starts with a budget] (fallback.cc): false until the process has a budget
   // or a trace file; from then on true for good.
   bool recording() const { return recording_.load(std::memory_order_acquire); }
+  // Turns recording on for good (a budget was accepted: set_budget, or a CUDA memory fraction).
+  void StartRecording();
 
  private:
   struct Busy {
@@ -505,6 +507,7 @@ class Engine final : public ReplayBackend,
   std::atomic<bool> paused_{false};
   std::atomic<bool> recording_{false};
   bool recording_started_late_ = false;  // by set_budget, after running unrecorded (under mu_)
+  uint64_t recording_start_serial_ = 0;   // the last slot serial allocated unrecorded (under mu_)
   uint64_t exposures_unrecorded_ = 0;     // ExposeTensor calls before recording (under mu_)
 };
 

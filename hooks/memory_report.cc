@@ -172,12 +172,12 @@ std::string Engine::BreakdownFor(uint64_t request) {
       "exposed ", FormatBytes(m.exposed), " (memory handed to numpy, DLPack, data_ptr or serialization), pinned ",
       FormatBytes(m.pinned), ", locked by the running op ", FormatBytes(m.locked), ", evictable ",
       FormatBytes(m.evictable), ", untracked ", FormatBytes(m.untracked),
-      " (allocator headers/rounding, tensors no op has read yet",
+      " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(m.evicted),
       // Note [Recording starts with a budget] (fallback.cc).
-      recording_started_late_ ? ", tensors made before the first budget, which dtr did not record: set the budget "
-                                "before building the model to make them evictable"
-                              : "",
-      "); evicted ", FormatBytes(m.evicted));
+      recording_started_late_ ? "; dtr started recording at the first budget, so what was made before it (among "
+                                "the constants and untracked bytes) is never evicted: to make a model's activations "
+                                "evictable, set the budget before running it"
+                              : "");
   // The largest unevictable reasons first: what to look at to lower the floor.
   std::vector<std::pair<uint64_t, uint16_t>> largest;
   for (size_t id = 0; id < m.by_reason.size(); ++id)

@@ -164,8 +164,8 @@ def test_recomputation_limit_turns_thrashing_into_a_clear_oom():
     # Thrashing but feasible: constants are 40% of this LSTM's peak, and since Note [One victim
     # at a time] (hooks/engine.cc) it runs out of memory at 0.8 of it (dtr-sim on its trace too).
     # The peak is a plain run's (dtr records nothing with no budget: Note [Recording starts with
-    # a budget]), 1-2% below the one dtr reported while it recorded with no budget, where this
-    # test's 0.85 then was; 0.85 of it now runs out of memory, 0.87 trains.
+    # a budget]), 1-2% below the one dtr reported while it recorded with no budget, of which this
+    # test took 0.85; 0.85 of the plain peak runs out of memory, 0.87 and 0.9 train.
     budget = int(peak * 0.9)
     slow = run([PY, TRAIN, "lstm"], preload=True, DTR_BUDGET=budget, DTR_MAX_RECOMPUTE=0)
     assert slow.returncode == 0, slow.stderr[-2000:]

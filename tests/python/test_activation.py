@@ -221,6 +221,47 @@ print(json.dumps(out))
     assert lifted["recording"] is True and lifted["budget_bytes"] == -1, lifted
 
 
+def test_what_was_made_before_the_first_budget_is_never_evicted():
+    """Note [Recording starts with a budget]: a storage made before dtr recorded stays resident
+    even after an op overwrites all of it (which would make a recorded storage evictable), because
+    the ops that ran unrecorded did not pin what they hid from the dispatcher: here a packed
+    quantized weight keeps its bias's memory (found by the review: the bias was evicted, and
+    quantized::linear read unallocated memory)."""
+    code = r"""
+import hashlib, json, sys, torch
+on = sys.argv[1] == "dtr"
+if on:
+    import dtr
+    dtr.enable()
+torch.manual_seed(0)
+w, b, x = torch.randn(16, 32), torch.randn(16), torch.randn(8, 32)
+early = torch.randn(64, 64)
+packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), b)
+if on:
+    dtr.set_budget("1TiB")
+b.fill_(0.25)      # whole-storage overwrites, recorded now
+early.zero_()
+late = torch.randn(64, 64).exp()
+out = {}
+if on:
+    try:
+        dtr.set_budget(1)  # evicts all it can
+    except torch.OutOfMemoryError:
+        pass
+    dtr.set_budget(None)
+    out["evicted"] = dtr.stats()["evicted_bytes"]
+y = torch.ops.quantized.linear(torch.quantize_per_tensor(x, 0.1, 0, torch.quint8), packed, 0.2, 0)
+out["y"] = hashlib.sha256(y.int_repr().numpy().tobytes()).hexdigest()
+out["early"] = float(early.sum())
+print(json.dumps(out))
+"""
+    plain = result(sh([PY, "-c", code, "plain"]))
+    res = result(sh([PY, "-c", code, "dtr"]))
+    assert res["y"] == plain["y"] and res["early"] == plain["early"] == 0.0
+    # Only `late` (and its randn input, dead and evicted at once) could go: 2 x 16 KiB.
+    assert 0 < res["evicted"] <= 2 * 64 * 64 * 4, res
+
+
 # ---- python -m dtr runs the target exactly as python would ----
 
 TARGET = r"""
