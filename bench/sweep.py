@@ -149,8 +149,10 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
             # Recording from the start (Note [Recording starts with a budget]), as a run under
             # DTR_BUDGET does: the batches step_worker makes before the first block are then
             # recorded, evictable until their step reads them.
+            # (On a GPU smaller than 1 TiB that budget is refused: all of the device's memory.)
+            never_binds = "1.0" if getattr(runner.args, "device", "cpu") == "cuda" else NON_BINDING_BUDGET
             done = runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic,
-                                 DTR_BUDGET=NON_BINDING_BUDGET)
+                                 DTR_BUDGET=never_binds)
         except WorkerError as e:
             # The budgets measured before the crash stand; the crash is the next budget's failure.
             done = [o for o in e.lines if "event" not in o]

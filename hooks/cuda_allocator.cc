@@ -667,13 +667,19 @@ void CudaAllocatorAdapter::setMemoryFraction(double fraction, c10::DeviceIndex d
     d.user_fraction = fraction;
     d.fraction_applied = false;
   }
-  if (opts_.backend == CudaBackendKind::kNative) return ApplyNativeFraction(d);
+  // Note [Recording starts with a budget] (fallback.cc): a cap below the device is a budget.
+  auto start_recording = [&] {
+    if (fraction < 1 && g_engine != nullptr) g_engine->StartRecording();
+  };
+  if (opts_.backend == CudaBackendKind::kNative) {
+    ApplyNativeFraction(d);
+    return start_recording();
+  }
   // dtr backend: the budget is the smaller of DTR_BUDGET and the user's fraction.
   const size_t cap = std::min(d.budget, size_t(fraction * double(d.total)));
   absl::Status st = d.alloc->SetBudget(cap);
   TORCH_CHECK(st.ok(), "dtr: set_per_process_memory_fraction(", fraction, "): ", std::string(st.message()));
-  // Note [Recording starts with a budget] (fallback.cc): a cap below the device is a budget.
-  if (fraction < 1 && g_engine != nullptr) g_engine->StartRecording();
+  start_recording();
 }
 
 std::vector<cca::StreamSegmentSize> CudaAllocatorAdapter::getExpandableSegmentSizes(c10::DeviceIndex device) {

@@ -90,7 +90,6 @@ void Engine::SetBudget(int64_t bytes) {
     Runtime* rt;
     ~RestartWindow() { rt->RestartRecomputationWindow(); }
   } restart_window{rt_.get()};
-  // Note [Recording starts with a budget] (fallback.cc): from the first budget on, for good.
   // Note [Recording starts with a budget] (fallback.cc): from the first budget accepted on.
   auto start_recording = [&] {
     if (bytes > 0) StartRecording();
@@ -134,16 +133,35 @@ void Engine::SetBudget(int64_t bytes) {
 }
 
 void Engine::StartRecording() {
-  std::lock_guard<std::recursive_timed_mutex> l(mu_);
+  // Not under mu_: set_per_process_memory_fraction calls this holding the GIL, and a thread
+  // inside an op may hold mu_ and wait for the GIL (Note [Deleters never wait]).
   if (recording()) return;
-  recording_started_late_ = true;
-  recording_start_serial_ = LastSlotSerial();
+  ExtendUnrecordedSerials();
   recording_.store(true, std::memory_order_release);
+}
+
+void Engine::ExtendUnrecordedSerials() {
+  const uint64_t last = LastSlotSerial();
+  uint64_t seen = last_unrecorded_serial_.load(std::memory_order_relaxed);
+  while (seen < last && !last_unrecorded_serial_.compare_exchange_weak(seen, last, std::memory_order_release)) {
+  }
+}
+
+bool Engine::MadeUnrecorded(uint64_t serial) const {
+  if (!recording() || paused()) return true;
+  if (serial <= last_unrecorded_serial_.load(std::memory_order_acquire)) return true;
+  for (const auto& [after, upto] : paused_serials_)
+    if (serial > after && serial <= upto) return true;
+  return false;
 }
 
 void Engine::SetPaused(bool paused) {
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
+  // Note [Recording starts with a budget] (fallback.cc): what is allocated while paused was
+  // made unrecorded, as before the first budget.
+  if (paused && !this->paused()) paused_serials_.emplace_back(LastSlotSerial(), kNoSerialYet);
+  if (!paused && this->paused() && !paused_serials_.empty()) paused_serials_.back().second = LastSlotSerial();
   if (paused) {
     for (const auto& [packed, e] : entries_) {
       const StorageRecord* r = rt_->storage(e->sid);
@@ -301,7 +319,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     Check(sid.status(), "AddConstant");
     Entry* e = NewEntry(*sid, impl, nbytes);
     e->ours = true;
-    e->before_recording = !recording() || s->serial <= recording_start_serial_;
+    e->before_recording = MadeUnrecorded(s->serial);
     e->slot = s;
     e->origin = s->origin;  // Note [Unevictable memory by reason]
     s->entry = e;

@@ -231,6 +231,9 @@ class Engine final : public ReplayBackend,
   bool recording() const { return recording_.load(std::memory_order_acquire); }
   // Turns recording on for good (a budget was accepted: set_budget, or a CUDA memory fraction).
   void StartRecording();
+  // An op that began while ops passed through (not recording) ended with recording on: what it
+  // allocated counts as made unrecorded too.
+  void ExtendUnrecordedSerials();
 
  private:
   struct Busy {
@@ -506,8 +509,14 @@ class Engine final : public ReplayBackend,
   uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
   std::atomic<bool> recording_{false};
-  bool recording_started_late_ = false;  // by set_budget, after running unrecorded (under mu_)
-  uint64_t recording_start_serial_ = 0;   // the last slot serial allocated unrecorded (under mu_)
+  // Note [Recording starts with a budget] (fallback.cc): the slot serials allocated while ops
+  // passed through unrecorded, whose entries are Entry::before_recording: up to
+  // last_unrecorded_serial_ (0: recording from the start), and the ranges (after, upto] of each
+  // pause (dtr.disable(); upto kNoSerialYet while paused; under mu_).
+  bool MadeUnrecorded(uint64_t serial) const;
+  static constexpr uint64_t kNoSerialYet = ~uint64_t(0);
+  std::atomic<uint64_t> last_unrecorded_serial_{0};
+  std::vector<std::pair<uint64_t, uint64_t>> paused_serials_;
   uint64_t exposures_unrecorded_ = 0;     // ExposeTensor calls before recording (under mu_)
 };
 

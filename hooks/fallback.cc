@@ -24,7 +24,10 @@
 // op overwrites all of one (Entry::before_recording; Note [Overwriting in-place ops] would make
 // it evictable): the ops that ran unrecorded took none of the pins they take on what they hide
 // from the dispatcher (a packed weight's bias, what a CUDA graph reads, a sparse output's
-// values). Exposures (Engine::ExposeTensor) are noted all along. A program that wants every
+// values). The same holds for what is allocated while dtr.disable() has ops pass through
+// (Engine::MadeUnrecorded keeps the serials of both windows; an op that began unrecorded and
+// ends with recording on extends the first). Exposures (Engine::ExposeTensor) are noted all
+// along. A program that wants every
 // tensor recorded while nothing limits it (to read unevictable_at_peak, or to evict on demand)
 // sets a budget that never binds from the start; a trace file records from the start too.
 #include "hooks/fallback.h"
@@ -121,7 +124,13 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // __torch_dispatch__ subclass has not run yet when we see the op: ks then has the Python key
   // and the op passes through (the mode redispatches the real op to us, with Python excluded).
   // From 2.13 Fake is below Python and ks never has it here.
-  if (!recording() || paused() || ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
+  if (!recording()) {
+    // Note [Recording starts with a budget]: recording may start while this op runs.
+    pass();
+    if (recording()) ExtendUnrecordedSerials();
+    return;
+  }
+  if (paused() || ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;

@@ -174,7 +174,7 @@ std::string Engine::BreakdownFor(uint64_t request) {
       FormatBytes(m.evictable), ", untracked ", FormatBytes(m.untracked),
       " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(m.evicted),
       // Note [Recording starts with a budget] (fallback.cc).
-      recording_started_late_ ? "; dtr started recording at the first budget, so what was made before it (among "
+      last_unrecorded_serial_.load(std::memory_order_relaxed) > 0 ? "; dtr started recording at the first budget, so what was made before it (among "
                                 "the constants and untracked bytes) is never evicted: to make a model's activations "
                                 "evictable, set the budget before running it"
                               : "");

@@ -221,24 +221,29 @@ print(json.dumps(out))
     assert lifted["recording"] is True and lifted["budget_bytes"] == -1, lifted
 
 
-def test_what_was_made_before_the_first_budget_is_never_evicted():
-    """Note [Recording starts with a budget]: a storage made before dtr recorded stays resident
-    even after an op overwrites all of it (which would make a recorded storage evictable), because
-    the ops that ran unrecorded did not pin what they hid from the dispatcher: here a packed
-    quantized weight keeps its bias's memory (found by the review: the bias was evicted, and
-    quantized::linear read unallocated memory)."""
+@pytest.mark.parametrize("window", ["before_the_first_budget", "while_disabled"])
+def test_what_was_made_unrecorded_is_never_evicted(window):
+    """Note [Recording starts with a budget]: a storage made while dtr recorded nothing (before its
+    first budget, or while dtr.disable() had ops pass through) stays resident even after an op
+    overwrites all of it (which would make a recorded storage evictable), because the ops that ran
+    unrecorded did not pin what they hid from the dispatcher: here a packed quantized weight keeps
+    its bias's memory (found by the reviews: the bias was evicted, and quantized::linear read
+    unallocated memory)."""
     code = r"""
 import hashlib, json, sys, torch
 on = sys.argv[1] == "dtr"
+disabled = sys.argv[2] == "while_disabled"
 if on:
     import dtr
-    dtr.enable()
+    dtr.enable(budget="1TiB" if disabled else None)
+    if disabled:
+        dtr.disable()
 torch.manual_seed(0)
 w, b, x = torch.randn(16, 32), torch.randn(16), torch.randn(8, 32)
 early = torch.randn(64, 64)
 packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), b)
 if on:
-    dtr.set_budget("1TiB")
+    dtr.enable(budget="1TiB")
 b.fill_(0.25)      # whole-storage overwrites, recorded now
 early.zero_()
 late = torch.randn(64, 64).exp()
@@ -255,8 +260,8 @@ out["y"] = hashlib.sha256(y.int_repr().numpy().tobytes()).hexdigest()
 out["early"] = float(early.sum())
 print(json.dumps(out))
 """
-    plain = result(sh([PY, "-c", code, "plain"]))
-    res = result(sh([PY, "-c", code, "dtr"]))
+    plain = result(sh([PY, "-c", code, "plain", window]))
+    res = result(sh([PY, "-c", code, "dtr", window]))
     assert res["y"] == plain["y"] and res["early"] == plain["early"] == 0.0
     # Only `late` (and its randn input, dead and evicted at once) could go: 2 x 16 KiB.
     assert 0 < res["evicted"] <= 2 * 64 * 64 * 4, res
