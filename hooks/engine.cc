@@ -90,10 +90,6 @@ void Engine::SetBudget(int64_t bytes) {
     Runtime* rt;
     ~RestartWindow() { rt->RestartRecomputationWindow(); }
   } restart_window{rt_.get()};
-  // Note [Recording starts with a budget] (fallback.cc): from the first budget accepted on.
-  auto start_recording = [&] {
-    if (bytes > 0) StartRecording();
-  };
   size_t nb = bytes <= 0 ? alloc::AllocatorConfig::kUnlimited : size_t(bytes);
 #if DTR_WITH_CUDA
   if (managed_ == ManagedDevice::kCuda && cuda_ != nullptr) {
@@ -110,7 +106,7 @@ void Engine::SetBudget(int64_t bytes) {
                        Breakdown(), ")");
     cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
     cfg_.budget_fraction = 0;
-    start_recording();
+    if (bytes > 0) StartRecording();  // Note [Recording starts with a budget]: once accepted
     return;
   }
 #endif
@@ -129,7 +125,7 @@ void Engine::SetBudget(int64_t bytes) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "dtr: set_budget(", bytes, "): cannot get under ",
                      FormatBytes(nb), ": ", std::string(st.message()), " (", Breakdown(), ")");
   cfg_.budget_bytes = bytes <= 0 ? kUnlimitedBudget : uint64_t(bytes);
-  start_recording();
+  if (bytes > 0) StartRecording();  // Note [Recording starts with a budget]: once accepted
 }
 
 void Engine::StartRecording() {
@@ -319,7 +315,7 @@ Entry* Engine::EntryOf(const at::Tensor& t, bool create) {
     Check(sid.status(), "AddConstant");
     Entry* e = NewEntry(*sid, impl, nbytes);
     e->ours = true;
-    e->before_recording = MadeUnrecorded(s->serial);
+    e->made_unrecorded = MadeUnrecorded(s->serial);
     e->slot = s;
     e->origin = s->origin;  // Note [Unevictable memory by reason]
     s->entry = e;

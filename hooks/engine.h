@@ -510,7 +510,7 @@ class Engine final : public ReplayBackend,
   std::atomic<bool> paused_{false};
   std::atomic<bool> recording_{false};
   // Note [Recording starts with a budget] (fallback.cc): the slot serials allocated while ops
-  // passed through unrecorded, whose entries are Entry::before_recording: up to
+  // passed through unrecorded, whose entries are Entry::made_unrecorded: up to
   // last_unrecorded_serial_ (0: recording from the start), and the ranges (after, upto] of each
   // pause (dtr.disable(); upto kNoSerialYet while paused; under mu_).
   bool MadeUnrecorded(uint64_t serial) const;

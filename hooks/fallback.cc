@@ -13,23 +13,23 @@
 // Note [Recording starts with a budget]
 // With no budget nothing is ever evicted, so recording recipes, holding operands and tracking
 // deaths buys nothing: it cost 1.02-1.18x the instructions of a plain training step on the
-// benchmark models (bench/results/instructions.md, stop 58), where a pass-through costs 1.015x
-// (the boxing of every op). So until the process has a budget (DTR_BUDGET, dtr.enable(budget),
+// benchmark models (stop 58), where passing every op through costs 1.000-1.013x (the boxing
+// of every op; bench/results/instructions.md). So until the process has a budget (DTR_BUDGET, dtr.enable(budget),
 // torch.ops.dtr.set_budget) or a trace file, every op passes through; dtr's allocator still
 // serves and counts the memory, so peaks and torch's memory statistics are unchanged. The first
 // budget accepted (or a CUDA memory fraction below 1) turns recording on for good
 // (Engine::StartRecording; lifting the budget later keeps it, since evicted storages and recipes
 // exist by then). Tensors made before that are what tensors made before dtr.enable() are:
 // constants to the runtime once an op reads them (EntryOf), and never evicted, not even after an
-// op overwrites all of one (Entry::before_recording; Note [Overwriting in-place ops] would make
+// op overwrites all of one (Entry::made_unrecorded; Note [Overwriting in-place ops] would make
 // it evictable): the ops that ran unrecorded took none of the pins they take on what they hide
 // from the dispatcher (a packed weight's bias, what a CUDA graph reads, a sparse output's
 // values). The same holds for what is allocated while dtr.disable() has ops pass through
 // (Engine::MadeUnrecorded keeps the serials of both windows; an op that began unrecorded and
 // ends with recording on extends the first). Exposures (Engine::ExposeTensor) are noted all
-// along. A program that wants every
-// tensor recorded while nothing limits it (to read unevictable_at_peak, or to evict on demand)
-// sets a budget that never binds from the start; a trace file records from the start too.
+// along. A program that wants every tensor recorded while nothing limits it (to read
+// unevictable_at_peak, or to evict on demand) sets a budget that never binds from the start; a
+// trace file records from the start too.
 #include "hooks/fallback.h"
 
 #include <algorithm>
@@ -292,7 +292,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       written.push_back(e->sid);
       // Note [Overwriting in-place ops]: only when self is all of its storage, which is dtr's
       // memory (rule 3: only that is ever released, so only that can be evicted).
-      covers_storage = e->ours && !e->before_recording && t.is_non_overlapping_and_dense() &&
+      covers_storage = e->ours && !e->made_unrecorded && t.is_non_overlapping_and_dense() &&
                        t.storage_offset() == 0 && size_t(t.numel()) * t.element_size() == t.storage().nbytes();
       written_device = t.device();
     }

@@ -174,10 +174,11 @@ std::string Engine::BreakdownFor(uint64_t request) {
       FormatBytes(m.evictable), ", untracked ", FormatBytes(m.untracked),
       " (allocator headers/rounding, tensors no op has read yet); evicted ", FormatBytes(m.evicted),
       // Note [Recording starts with a budget] (fallback.cc).
-      last_unrecorded_serial_.load(std::memory_order_relaxed) > 0 ? "; dtr started recording at the first budget, so what was made before it (among "
-                                "the constants and untracked bytes) is never evicted: to make a model's activations "
-                                "evictable, set the budget before running it"
-                              : "");
+      last_unrecorded_serial_.load(std::memory_order_relaxed) > 0
+          ? "; dtr started recording at the first budget, so what was made before it (among the constants and "
+            "untracked bytes) is never evicted: to make a model's activations evictable, set the budget before "
+            "running it"
+          : "");
   // The largest unevictable reasons first: what to look at to lower the floor.
   std::vector<std::pair<uint64_t, uint16_t>> largest;
   for (size_t id = 0; id < m.by_reason.size(); ++id)

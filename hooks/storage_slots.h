@@ -53,10 +53,11 @@ struct Entry {
   Slot* slot = nullptr;                          // current data slot or tombstone (ours only)
   size_t nbytes = 0;
   bool ours = false;
-  // Note [Recording starts with a budget] (fallback.cc): allocated before dtr recorded anything;
-  // never made evictable by an overwrite, since the pins that unrecorded ops would have taken
-  // on it (a packed weight, a CUDA graph, a hidden alias) were never taken.
-  bool before_recording = false;
+  // Note [Recording starts with a budget] (fallback.cc): allocated while ops passed through
+  // unrecorded (before the first budget, or while paused); never made evictable by an overwrite,
+  // since the pins that unrecorded ops would have taken on it (a packed weight, a CUDA graph, a
+  // hidden alias) were never taken.
+  bool made_unrecorded = false;
   bool dead = false;  // external reference dropped
   // Note [Memory read outside the dispatcher] (engine.cc): `changeable` contents may change
   // without an op (external memory, or a writable view handed out: numpy, DLPack), so no recipe

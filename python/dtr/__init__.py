@@ -77,8 +77,9 @@ def _parse_budget(budget):
 
 def enable(budget=None, **options):
     """Puts this process's tensors under dtr, with `budget` (bytes, or '6GiB'; None: unlimited,
-    dtr then records nothing and only tracks and reports peaks, until a budget is set). Other options (heuristic, dealloc, search,
-    stats_file, trace_file, verbose, evict) are those of the DTR_* variables.
+    dtr then records nothing and only tracks and reports peaks, until a budget is set). Other
+    options (heuristic, dealloc, search, stats_file, trace_file, verbose, evict) are those of the
+    DTR_* variables.
 
     Enabling after tensors exist is supported: tensors allocated before are never evicted and not
     counted in the budget (their memory was not dtr's to manage). Threads started from Python
