@@ -152,6 +152,11 @@ bool Engine::MadeUnrecorded(uint64_t serial) const {
 }
 
 void Engine::SetPaused(bool paused) {
+  if (!paused && runtime_untrusted()) {
+    std::fprintf(stderr, "dtr: enable() in a child process forked while another thread was inside dtr: dtr stays "
+                         "paused in this process (the state it inherited cannot be trusted)\n");
+    return;
+  }
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   // Note [Recording starts with a budget] (fallback.cc): what is allocated while paused was
@@ -212,6 +217,7 @@ void Engine::ChildAfterFork() {
   alloc_->UnlockAfterFork();
   deferred_mu_.unlock();
   if (fork_locked_) return;
+  runtime_untrusted_.store(true, std::memory_order_release);
   paused_.store(true, std::memory_order_release);
   std::fprintf(stderr,
                "dtr: fork() while another thread was inside dtr: this child process runs with dtr paused "
@@ -284,7 +290,7 @@ bool Engine::TorchOwnsMemory(const c10::DataPtr& dp) {
 void Engine::ExposeTensor(const at::Tensor& t, bool writable) {
   if (!t.defined() || !Manageable(t)) return;
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
-  if (paused()) return;
+  if (runtime_untrusted()) return;  // Note [fork]; while paused exposures count (Note [Ops while paused])
   Busy b(this);
   // Note [Recording starts with a budget] (fallback.cc): exposures are noted before recording
   // starts too (a storage exposed writable must never become a replay source), but no op runs

@@ -106,6 +106,9 @@ class Engine final : public ReplayBackend,
 
   // ---------------- the fallback (fallback.cc) ----------------
   void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  // Note [Ops while paused] (fallback.cc): runs an op while dtr.disable() has ops pass through,
+  // keeping the recipes recorded before true. `after`: the keys below dtr's.
+  void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack);
 
   // ---------------- deleter ----------------
   // Called by the deleters of tracked slots (storage_slots.h).
@@ -217,7 +220,8 @@ class Engine final : public ReplayBackend,
   void TraceMark(const std::string& label);
   // dtr.disable() / dtr.enable(): while paused the fallback passes every op through and nothing
   // is evicted. Pausing first brings back every evicted storage the program still holds, so
-  // code that runs while paused (or reads memory outside the dispatcher) sees real data.
+  // code that runs while paused (or reads memory outside the dispatcher) sees real data; what
+  // ops do while paused keeps the recipes recorded before true (Note [Ops while paused]).
   void SetPaused(bool paused);
   // Note [fork] (engine.cc): pthread_atfork handlers.
   void PrepareFork();
@@ -226,6 +230,9 @@ class Engine final : public ReplayBackend,
   void HoldForFork();
   void ReleaseForkHold();
   bool paused() const { return paused_.load(std::memory_order_acquire); }
+  // Note [fork] (engine.cc): a child forked while another thread was inside dtr runs paused and
+  // never touches the runtime it inherited (whose state that thread may have left half-changed).
+  bool runtime_untrusted() const { return runtime_untrusted_.load(std::memory_order_acquire); }
   // Note [Recording starts with a budget] (fallback.cc): false until the process has a budget
   // or a trace file; from then on true for good.
   bool recording() const { return recording_.load(std::memory_order_acquire); }
@@ -288,6 +295,14 @@ class Engine final : public ReplayBackend,
   uint16_t WriterReason(absl::string_view op) {
     return Intern(absl::StrCat("constant: written in place by ", op));
   }
+  // The classification of an op, made at its first call (under mu_).
+  OpInfo& InfoOf(const c10::FunctionSchema& schema);
+  // Note [No replay during graph capture]: pins for good the storages of the `n` arguments at
+  // `args` that dtr tracks (a captured graph keeps their addresses); throws if one is evicted.
+  void PinReadInCapture(const c10::IValue* args, size_t n, const std::string& op);
+  // Pins for good the storages of the arguments at `args` that dtr tracks, because `op`'s results
+  // may hold them out of the dispatcher's sight (`why`).
+  void PinHiddenOperands(const c10::IValue* args, size_t n, const std::string& op, absl::string_view why);
   void SetPinOrigin(StorageId sid, absl::string_view why) {
     if (Entry* e = FindEntry(sid)) e->pin_origin = Intern(absl::StrCat("pinned: ", why));
   }
@@ -508,6 +523,7 @@ class Engine final : public ReplayBackend,
   PeakSnapshot at_peak_;
   uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
+  std::atomic<bool> runtime_untrusted_{false};
   std::atomic<bool> recording_{false};
   // Note [Recording starts with a budget] (fallback.cc): the slot serials allocated while ops
   // passed through unrecorded, whose entries are Entry::made_unrecorded: up to

@@ -130,7 +130,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (recording()) ExtendUnrecordedSerials();
     return;
   }
-  if (paused() || ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
+  if (ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
+  if (paused()) return FallbackPaused(op, after, stack);
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -143,22 +144,18 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Inline: most ops have at most eight arguments, and this copy then allocates nothing.
   const absl::InlinedVector<c10::IValue, 8> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
-  auto it = infos_.find(&schema);
-  if (it == infos_.end()) {
-    it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
-    it->second.interned_name = rt_->InternName(it->second.name);
-  }
-  if (it->second.kind == Kind::kPassthrough) return pass();
+  OpInfo& classified = InfoOf(schema);
+  if (classified.kind == Kind::kPassthrough) return pass();
   // Note [Communication is never replayed]: on a communication backend's worker thread nothing
   // is recorded.
   OpInfo unrecorded;
   const bool comm_thread = OnCommunicationThread();
   if (comm_thread) {
-    unrecorded = it->second;
+    unrecorded = classified;
     unrecorded.replayable = false;
     if (unrecorded.kind == Kind::kRecord) unrecorded.kind = Kind::kOpaque;
   }
-  const OpInfo& info = comm_thread ? unrecorded : it->second;
+  const OpInfo& info = comm_thread ? unrecorded : classified;
   // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
   // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
   // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
@@ -175,20 +172,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // Note [No replay during graph capture]: run the op as is. The graph keeps the addresses of
     // what it reads, so those storages are pinned for good; an evicted one cannot be brought
     // back now.
-    Busy busy(this);
-    ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-      if (!Manageable(t)) return;
-      Entry* e = EntryOf(t, false);
-      const StorageRecord* r = e ? rt_->storage(e->sid) : nullptr;
-      TORCH_CHECK(r == nullptr || r->resident(), "dtr: ", info.name,
-                  " reads a tensor dtr evicted, inside CUDA graph capture (dtr never rematerializes while a graph is "
-                  "captured). Pin the tensors the captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
-                  "before capturing");
-      if (r != nullptr) {
-        Check(rt_->Pin(e->sid), info.name.c_str());
-        e->pin_origin = Intern("pinned: read inside CUDA graph capture");
-      }
-    });
+    PinReadInCapture(stack->data() + base, nargs, info.name);
     return pass();
   }
 
@@ -359,7 +343,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // recipe cut at max_replay_depth); if not, drop it.
     if (rr != nullptr && !mc_recorded) records_.Delete(rr);
     if (!mc_recorded) {  // Note [Unevictable memory by reason]
-      uint16_t& writer = it->second.writer_reason;  // interned once per op
+      uint16_t& writer = classified.writer_reason;  // interned once per op
       if (writer == 0) writer = WriterReason(info.name);
       for (StorageId w : written)
         if (Entry* e = FindEntry(w)) e->writer = writer;
@@ -476,7 +460,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     // as constants, and treat the op as seeded from now on.
     if (cfg_.verbose)
       std::fprintf(stderr, "dtr: %s consumed the default generator; treating it as seeded\n", info.name.c_str());
-    it->second.seeded_no_gen = true;
+    classified.seeded_no_gen = true;
     records_.Delete(rr);
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
     if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
@@ -586,6 +570,103 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
   if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->", trace_outs));
+}
+
+OpInfo& Engine::InfoOf(const c10::FunctionSchema& schema) {
+  auto it = infos_.find(&schema);
+  if (it == infos_.end()) {
+    it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
+    it->second.interned_name = rt_->InternName(it->second.name);
+  }
+  return it->second;
+}
+
+void Engine::PinReadInCapture(const c10::IValue* args, size_t n, const std::string& op) {
+  Busy busy(this);
+  ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) {
+    if (!Manageable(t)) return;
+    Entry* e = EntryOf(t, false);
+    const StorageRecord* r = e ? rt_->storage(e->sid) : nullptr;
+    TORCH_CHECK(r == nullptr || r->resident(), "dtr: ", op,
+                " reads a tensor dtr evicted, inside CUDA graph capture (dtr never rematerializes while a graph is "
+                "captured). Pin the tensors the captured region reads (torch.ops.dtr.pin) or call dtr.disable() "
+                "before capturing");
+    if (r != nullptr) {
+      Check(rt_->Pin(e->sid), op.c_str());
+      e->pin_origin = Intern("pinned: read inside CUDA graph capture");
+    }
+  });
+}
+
+void Engine::PinHiddenOperands(const c10::IValue* args, size_t n, const std::string& op, absl::string_view why) {
+  Busy busy(this);
+  ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) {
+    if (!Manageable(t)) return;
+    if (Entry* e = EntryOf(t, false)) {
+      Check(rt_->Pin(e->sid), op.c_str());
+      SetPinOrigin(e->sid, absl::StrCat(op, ": ", why));
+    }
+  });
+}
+
+// Note [Ops while paused]
+// dtr.disable() brings back every evicted storage the program holds and lets ops pass through,
+// but the recipes recorded before stay: after enable() their storages may be evicted and
+// replayed again. So what an op does while paused must not make them false (seen: `a.add_(1)`
+// while disabled was lost once `a` was evicted after enable() and replayed from its recipe, a
+// silent wrong result):
+//  - a write to a storage dtr tracks (in place, out=, a collective, batch norm's running
+//    statistics) goes through WriteUnreplayably before the op runs, as a write dtr cannot record
+//    does while recording: the storage becomes a resident constant and the recipes that read its
+//    old value are detached (they can still be replayed then: nothing is evicted while paused);
+//  - the tracked operands of an op whose results may hold them out of the dispatcher's sight (a
+//    packed weight, a sparse tensor over its values), or that runs inside CUDA graph capture, are
+//    pinned for good, as when recording.
+// Storages made while paused have no entry and are never evicted (Engine::MadeUnrecorded), so
+// ops on them cost a lookup. Exposures are noted while paused too (Engine::ExposeTensor). Only a
+// child forked while another thread was inside dtr skips all this (Note [fork]).
+void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack) {
+  auto pass = [&] { op.redispatchBoxed(after, stack); };
+  if (!recording() || runtime_untrusted()) return pass();  // no recipe exists, or none can be trusted
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  // The arguments outlive the op (which pops them) for PinHiddenOperands, and mu_ (Note [No
+  // Python decref under the engine lock]).
+  const absl::InlinedVector<c10::IValue, 8> arguments(stack->begin() + base, stack->end());
+  std::unique_lock<std::recursive_timed_mutex> l(mu_);
+  const OpInfo& info = InfoOf(schema);
+  if (info.kind == Kind::kPassthrough ||
+      (managed_ == ManagedDevice::kCuda && !TouchesCuda(arguments.data(), nargs))) {
+    l.unlock();
+    return pass();
+  }
+  {
+    Busy busy(this);
+    const bool bn_training = info.batch_norm && arguments[5].isBool() && arguments[5].toBool();
+    std::vector<Entry*> written;
+    ForEachTensor(arguments.data(), nargs, [&](Path p, const at::Tensor& t, bool) {
+      const bool writes = info.kind == Kind::kCommunication || info.write_all ||
+                          std::find(info.write_args.begin(), info.write_args.end(), p.index) != info.write_args.end() ||
+                          (bn_training && (p.index == 3 || p.index == 4));
+      if (!writes || !Manageable(t)) return;
+      Entry* e = EntryOf(t, false);
+      if (e != nullptr && std::find(written.begin(), written.end(), e) == written.end()) written.push_back(e);
+    });
+    if (!written.empty() && cfg_.rule_enabled(1))
+      WriteUnreplayably(info.name, written, info.name.c_str(), cfg_.rule_enabled(2));
+    if (CaptureUnderway()) PinReadInCapture(arguments.data(), nargs, info.name);
+  }
+  l.unlock();
+  pass();
+  const size_t nret = schema.returns().size();
+  bool hides = ReturnsHideTensors(*stack, nret);
+  ForEachTensor(stack->data() + stack->size() - nret, nret, [&](Path, const at::Tensor& t, bool) {
+    hides = hides || t.is_sparse() || t.is_sparse_csr() || t.is_nested();
+  });
+  if (!hides) return;
+  l.lock();
+  PinHiddenOperands(arguments.data(), nargs, info.name, "its results may hold its operands' memory");
 }
 
 void Engine::WriteUnreplayably(const std::string& name, const std::vector<Entry*>& written, const char* op,

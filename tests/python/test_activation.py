@@ -267,6 +267,73 @@ print(json.dumps(out))
     assert 0 < res["evicted"] <= 2 * 64 * 64 * 4, res
 
 
+PAUSED_OPS = ["in_place", "in_place_on_a_view", "out", "numpy", "batch_norm", "packed_weight", "sparse_values"]
+
+
+@pytest.mark.parametrize("case", PAUSED_OPS)
+def test_ops_while_disabled_keep_recipes_true(case):
+    """Note [Ops while paused]: what an op does while dtr.disable() has ops pass through must not
+    make a recipe recorded before false. A write to a recorded storage (in place, through a view,
+    out=, a numpy view taken while disabled and written after enable(), batch norm's running
+    statistics) makes it a constant and detaches its readers; the operands an op's results may
+    hold (a packed weight's bias, a sparse tensor's values) are pinned. Each case read stale or
+    unallocated memory after enable() before (a silent wrong result)."""
+    code = r"""
+import hashlib, json, sys, torch
+on, case = sys.argv[1] == "dtr", sys.argv[2]
+if on:
+    import dtr
+    dtr.enable(budget="1TiB")
+torch.manual_seed(0)
+digest = lambda t: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+x = torch.randn(64, 64)
+a = x.exp()                              # recorded: evictable, replayed as exp(x)
+b = a.tanh()                             # recorded, reads a
+bn = torch.nn.BatchNorm1d(64)            # its statistics are made by recorded ops
+w, bias = torch.randn(16, 64), torch.randn(16).exp()
+if on:
+    dtr.disable()
+if case == "in_place":
+    a.add_(1)
+elif case == "in_place_on_a_view":
+    a[3].mul_(2)
+elif case == "out":
+    torch.sin(x, out=a)
+elif case == "numpy":
+    view = a.numpy()
+elif case == "batch_norm":
+    bn(torch.randn(8, 64))
+elif case == "packed_weight":
+    packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), bias)
+elif case == "sparse_values":
+    sparse = torch.sparse_coo_tensor(torch.arange(16).unsqueeze(0), bias, (16,))
+if on:
+    dtr.enable(budget="1TiB")
+if case == "numpy":
+    view += 1                            # written outside PyTorch
+out = {}
+if on:
+    try:
+        dtr.set_budget(1)                # evicts all it can
+    except torch.OutOfMemoryError:
+        pass
+    dtr.set_budget(None)
+    out["evicted"] = dtr.stats()["evicted_bytes"]
+# First what reads memory that a storage of dtr's may hide in (reading `bias` brings it back).
+if case == "packed_weight":
+    y = torch.ops.quantized.linear(torch.quantize_per_tensor(torch.randn(8, 64), 0.1, 0, torch.quint8), packed, 0.2, 0)
+    out["y"] = digest(y.int_repr())
+if case == "sparse_values":
+    out["sparse"] = digest(sparse.to_dense())
+out.update(a=digest(a), b=digest(b), mean=digest(bn.running_mean), var=digest(bn.running_var), bias=digest(bias))
+print(json.dumps(out))
+"""
+    plain = result(sh([PY, "-c", code, "plain", case]))
+    res = result(sh([PY, "-c", code, "dtr", case]))
+    assert res.pop("evicted") > 0, res  # x at least: only a's or bias's readers are kept
+    assert res == plain, case
+
+
 # ---- python -m dtr runs the target exactly as python would ----
 
 TARGET = r"""
