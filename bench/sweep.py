@@ -37,6 +37,9 @@ DEFAULT_RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 QUICK_RATIOS = [1.0, 0.7, 0.5]
 FINE_STEP = 0.025
 FINE_COUNT = 3
+# Issue 16 item 2 bounds the step between budgets FINE_STEP of the peak apart: the first
+# heuristic (dtr) is measured at every such budget from 1.0 down until one fails.
+FINE_RATIOS = [round(1.0 - k * FINE_STEP, 4) for k in range(int(round(0.9 / FINE_STEP)) + 1)]  # 1.0 .. 0.1
 SIM_RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
 QUICK_SIM_RATIOS = [1.0, 0.7, 0.5, 0.3]
 # Issue 16 item 3 sets budgets on activations, static + r x (peak - static), static being the
@@ -211,7 +214,8 @@ def real_runs(runner, bm):
         for h in a.heuristics:
             log(f"{bm.name}: {h} sweep")
             try:
-                pts, fail, errs = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, a.ratios)
+                ratios = a.fine_ratios if h == a.heuristics[0] and a.fine_ratios else a.ratios
+                pts, fail, errs = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, ratios)
                 res["errors"] += errs
             except WorkerError as e:
                 res["errors"].append(str(e))
@@ -871,6 +875,25 @@ def activation_comparison(res, ch):
                "than Rotor's plan." if compared else ""))
 
 
+def fine_steps(points):
+    """[(ratio above, ratio below, time below / time above)] for the measured budgets FINE_STEP apart."""
+    by = sorted(points, key=lambda p: -p["ratio"])
+    return [(a["ratio"], b["ratio"], b["time_ratio"] / a["time_ratio"]) for a, b in zip(by, by[1:])
+            if abs(a["ratio"] - b["ratio"] - FINE_STEP) < 1e-6]
+
+
+def step_cell(points):
+    """The largest step of FINE_STEP, and whether every one down to the smallest working budget ran."""
+    steps = fine_steps(points)
+    if not steps:
+        return "—"
+    hi, lo, r = max(steps, key=lambda s: s[2])
+    top = max(p["ratio"] for p in points)
+    low = min(p["ratio"] for p in points)
+    total = int(round((top - low) / FINE_STEP))
+    return f"{r:.2f} times ({hi:g} → {lo:g})" + ("" if len(steps) == total else f"; {len(steps)} of {total} measured")
+
+
 def floor_ratio(res):
     """The trace's lower bound as a fraction of its peak (dtr-sim, Note [Memory floor]), or None."""
     sim = res.get("sim") or {}
@@ -882,8 +905,9 @@ def summary_section(results, a):
     h0 = a.heuristics[0]
     L = ["## Summary\n",
          f"| model | plain step | dtr, no budget | dtr, 1 TiB budget | {h0} at 1.0 | smallest working ratio (" + ", ".join(a.heuristics) +
-         f") | lower bound | {h0} at 0.5 | {h0} at its smallest | checkpoint: memory, time | {h0} at checkpoint's memory |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         f") | lower bound | {h0} at 0.5 | {h0} at its smallest | {h0}'s largest step of {FINE_STEP:g} | checkpoint: memory, "
+         f"time | {h0} at checkpoint's memory |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         sw = res.get("sweeps", {})
         mins = []
@@ -901,7 +925,8 @@ def summary_section(results, a):
         L.append(f"| {res['name']} | {secs(res['plain_step_seconds'])} | {x(u['time_ratio']) if u else '—'} | "
                  f"{x(nb1['time_ratio']) if nb1 else '—'} | {x(one['time_ratio']) if one else '—'} | {' / '.join(mins)} | {f'{fr:.2f}' if fr is not None else '—'} | "
                  f"{x(half['time_ratio']) if half else '—'} | "
-                 f"{(x(low['time_ratio']) + ' at ' + format(low['ratio'], 'g')) if low else '—'} | {ckcell} | "
+                 f"{(x(low['time_ratio']) + ' at ' + format(low['ratio'], 'g')) if low else '—'} | {step_cell(eq)} | "
+                 f"{ckcell} | "
                  f"{x(dck) if dck is not None else '—'} |")
     L.append("")
     text = ["Time ratios are dtr's median step time over the plain step time of the same invocation; ratios of "
@@ -971,8 +996,10 @@ def write_markdown(path, results, a, info, wall, command):
              "from the start, as under `DTR_BUDGET`, and the batches made up front are evictable), sets each "
              "budget with `torch.ops.dtr.set_budget`, rebuilds the model from "
              "its seed, warms up and times the measured steps, going down until a budget is out of memory (or "
-             f"a step exceeds the cap), and a fresh process refines in steps of {FINE_STEP:g} below the last "
-             "budget that worked. The plain process runs again at the end; time ratios divide by the faster of "
+             f"a step exceeds the cap): {a.heuristics[0]} at every {FINE_STEP:g} of the peak from 1.0"
+             + ("" if getattr(a, "fine_ratios", None) else " (not in this run: its ratios were given)")
+             + f", the others at the coarser ratios, where a fresh process refines in steps of {FINE_STEP:g} "
+             "below the last budget that worked. The plain process runs again at the end; time ratios divide by the faster of "
              "the two plain medians. "
              + ("Times are the process's CPU time (user + sys; the steps run on one thread and synchronously), "
                 "because the machine is shared: another job's load inflates wall time several-fold but CPU time "
@@ -1122,6 +1149,8 @@ def parse_args(argv):
     if a.quick and a.heuristics == f"{DEFAULT_HEURISTIC},dtr-eq,lru":
         a.heuristics = DEFAULT_HEURISTIC
     a.heuristics = [h for h in a.heuristics.split(",") if h]
+    # The first heuristic takes every FINE_STEP (FINE_RATIOS) unless the ratios are given or quick.
+    a.fine_ratios = None if a.ratios or a.quick or a.no_refine else FINE_RATIOS
     a.ratios = floats(a.ratios, "--ratios") if a.ratios else (QUICK_RATIOS if a.quick else DEFAULT_RATIOS)
     a.sim_ratios = floats(a.sim_ratios, "--sim-ratios") if a.sim_ratios else (QUICK_SIM_RATIOS if a.quick else SIM_RATIOS)
     if 1.0 not in a.sim_ratios:

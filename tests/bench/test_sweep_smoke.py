@@ -221,3 +221,19 @@ def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
     assert all(p["identical"] for p in points)
     assert failures == [{"status": "error", "message": "blocks m (preloaded) exited -11:", "ratio": 0.8}]
     assert len(errors) == 1 and "Segmentation fault" in errors[0]
+
+
+def test_the_largest_fine_step_is_found_and_gaps_are_said():
+    """Issue 16 item 2 bounds the step between budgets 0.025 of the peak apart: the summary reports
+    the largest such step of the first heuristic and says when not every one was measured."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+
+    assert sweep.FINE_RATIOS[0] == 1.0 and sweep.FINE_RATIOS[-1] == 0.1 and len(sweep.FINE_RATIOS) == 37
+    pts = lambda pairs: [{"ratio": r, "time_ratio": t} for r, t in pairs]  # noqa: E731
+    every = pts([(0.35, 1.2), (0.325, 1.5), (0.3, 2.4), (0.275, 2.6)])
+    assert sweep.fine_steps(every)[1] == (0.325, 0.3, 2.4 / 1.5)
+    assert sweep.step_cell(every) == "1.60 times (0.325 → 0.3)"
+    gap = pts([(0.4, 1.1), (0.3, 1.5), (0.275, 1.6)])  # 0.4 -> 0.3 is four steps, none measured
+    assert sweep.step_cell(gap) == "1.07 times (0.3 → 0.275); 1 of 5 measured"
+    assert sweep.step_cell(pts([(0.5, 1.0)])) == "—"
