@@ -246,8 +246,16 @@ __attribute__((visibility("default"))) int dtr_set_budget(int64_t bytes) {
 }
 
 // dtr.disable() (1) / dtr.enable() after it (0). See Engine::SetPaused.
-__attribute__((visibility("default"))) void dtr_set_paused(int paused) {
-  if (dtr::hooks::g_engine) dtr::hooks::g_engine->SetPaused(paused != 0);
+// 0, or 1 when bringing back an evicted storage failed (the message on stderr; Python raises).
+__attribute__((visibility("default"))) int dtr_set_paused(int paused) {
+  if (!dtr::hooks::g_engine) return 0;
+  try {
+    dtr::hooks::g_engine->SetPaused(paused != 0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
 }
 
 // Note [fork] (engine.cc): Python's os.register_at_fork hooks, called through ctypes (which

@@ -10,6 +10,7 @@
 #include <exception>
 #include <iterator>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -157,7 +158,21 @@ void Engine::SetPaused(bool paused) {
                          "paused in this process (the state it inherited cannot be trusted)\n");
     return;
   }
+  bool resumed;
+  {
+    std::lock_guard<std::recursive_timed_mutex> l(mu_);
+    resumed = !paused && this->paused();
+    SetPausedLocked(paused);
+  }
+  if (!resumed) return;
+  AwaitPausedOps();
+  // What the ops that began paused allocated after the store above was made unrecorded too
+  // (with what other threads allocated meanwhile: kept resident, never the reverse).
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
+  if (!paused_serials_.empty()) paused_serials_.back().second = LastSlotSerial();
+}
+
+void Engine::SetPausedLocked(bool paused) {
   Busy b(this);
   // Note [Recording starts with a budget] (fallback.cc): what is allocated while paused was
   // made unrecorded, as before the first budget.
@@ -166,10 +181,27 @@ void Engine::SetPaused(bool paused) {
   if (paused) {
     for (const auto& [packed, e] : entries_) {
       const StorageRecord* r = rt_->storage(e->sid);
-      if (!e->dead && r != nullptr && !r->resident()) Check(rt_->Access(e->sid), "disable");
+      // A storage whose death another thread's deleter has deferred (Note [Deleters never
+      // wait]) is gone already: nothing can read it, and there is nothing to bring it back into.
+      if (e->dead || r == nullptr || r->resident()) continue;
+      if (c10::intrusive_ptr<c10::StorageImpl> alive = e->impl()) Check(rt_->Access(e->sid), "disable");
     }
   }
-  paused_.store(paused, std::memory_order_release);
+  paused_.store(paused, std::memory_order_seq_cst);
+}
+
+void Engine::AwaitPausedOps() {
+  // Note [Ops while paused] (fallback.cc): without mu_, which those ops take.
+  const auto start = std::chrono::steady_clock::now();
+  bool said = false;
+  while (paused_ops_.load(std::memory_order_seq_cst) != 0) {
+    if (!said && std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "dtr: enable() is waiting for %d op(s) that began while dtr was disabled, on other "
+                           "threads, to finish\n", paused_ops_.load());
+      said = true;
+    }
+    std::this_thread::yield();
+  }
 }
 
 // Note [fork]

@@ -108,7 +108,7 @@ class Engine final : public ReplayBackend,
   void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
   // Note [Ops while paused] (fallback.cc): runs an op while dtr.disable() has ops pass through,
   // keeping the recipes recorded before true. `after`: the keys below dtr's.
-  void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack);
+  void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
   // ---------------- deleter ----------------
   // Called by the deleters of tracked slots (storage_slots.h).
@@ -297,6 +297,12 @@ class Engine final : public ReplayBackend,
   }
   // The classification of an op, made at its first call (under mu_).
   OpInfo& InfoOf(const c10::FunctionSchema& schema);
+  void SetPausedLocked(bool paused);  // under mu_
+  // Note [Ops while paused] (fallback.cc): waits until no op that began paused is under way.
+  void AwaitPausedOps();
+  // Writes that cannot be recorded: the tracked storages among the `n` arguments at `args` that
+  // `info` writes become resident constants and their readers are detached (WriteUnreplayably).
+  void WriteTrackedArgs(const c10::IValue* args, size_t n, const OpInfo& info);
   // Note [No replay during graph capture]: pins for good the storages of the `n` arguments at
   // `args` that dtr tracks (a captured graph keeps their addresses); throws if one is evicted.
   void PinReadInCapture(const c10::IValue* args, size_t n, const std::string& op);
@@ -524,6 +530,8 @@ class Engine final : public ReplayBackend,
   uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
   std::atomic<bool> runtime_untrusted_{false};
+  // Note [Ops while paused] (fallback.cc): ops under way in FallbackPaused.
+  std::atomic<int> paused_ops_{0};
   std::atomic<bool> recording_{false};
   // Note [Recording starts with a budget] (fallback.cc): the slot serials allocated while ops
   // passed through unrecorded, whose entries are Entry::made_unrecorded: up to

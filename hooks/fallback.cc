@@ -131,7 +131,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return;
   }
   if (ks.has(c10::DispatchKey::Python) || at::in_parallel_region()) return pass();
-  if (paused()) return FallbackPaused(op, after, stack);
+  if (paused()) return FallbackPaused(op, ks, stack);
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -210,9 +210,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   });
   if (unmanaged) {
     Busy busy(this);
+    // By storage, not by Manageable: a Python-key subclass may share a storage of dtr's. A write
+    // into one cannot be recorded (Note [Ops while paused] treats it alike).
+    WriteTrackedArgs(stack->data() + base, nargs, info);
     OpOperands held(this, info.name.c_str());
     ForEachTensor(stack->data() + base, nargs, [&](Path, const at::Tensor& t, bool) {
-      if (!Manageable(t)) return;
+      if (!t.has_storage()) return;
       if (Entry* e = EntryOf(t, false)) held.Add(e->sid);
     });
     const uint64_t serial0 = LastSlotSerial();
@@ -601,12 +604,31 @@ void Engine::PinReadInCapture(const c10::IValue* args, size_t n, const std::stri
 void Engine::PinHiddenOperands(const c10::IValue* args, size_t n, const std::string& op, absl::string_view why) {
   Busy busy(this);
   ForEachTensor(args, n, [&](Path, const at::Tensor& t, bool) {
-    if (!Manageable(t)) return;
+    if (!t.has_storage()) return;
     if (Entry* e = EntryOf(t, false)) {
       Check(rt_->Pin(e->sid), op.c_str());
       SetPinOrigin(e->sid, absl::StrCat(op, ": ", why));
     }
   });
+}
+
+void Engine::WriteTrackedArgs(const c10::IValue* args, size_t n, const OpInfo& info) {
+  if (!cfg_.rule_enabled(1)) return;
+  // Note [Hidden mutation in native_batch_norm]: training mode writes the running statistics.
+  const bool bn_training = info.batch_norm && n > 5 && args[5].isBool() && args[5].toBool();
+  std::vector<Entry*> written, stats;
+  ForEachTensor(args, n, [&](Path p, const at::Tensor& t, bool) {
+    const bool stat = bn_training && (p.index == 3 || p.index == 4);
+    const bool writes = info.kind == Kind::kCommunication || info.write_all || stat ||
+                        std::find(info.write_args.begin(), info.write_args.end(), p.index) != info.write_args.end();
+    if (!writes || !t.has_storage()) return;  // sparse: no storage of dtr's to look up
+    Entry* e = EntryOf(t, false);
+    std::vector<Entry*>& to = stat ? stats : written;
+    if (e != nullptr && std::find(to.begin(), to.end(), e) == to.end()) to.push_back(e);
+  });
+  if (!stats.empty())
+    WriteUnreplayably("aten::native_batch_norm(running_stats)", stats, info.name.c_str(), true, bn_stats_writer_);
+  if (!written.empty()) WriteUnreplayably(info.name, written, info.name.c_str(), cfg_.rule_enabled(2));
 }
 
 // Note [Ops while paused]
@@ -622,12 +644,32 @@ void Engine::PinHiddenOperands(const c10::IValue* args, size_t n, const std::str
 //  - the tracked operands of an op whose results may hold them out of the dispatcher's sight (a
 //    packed weight, a sparse tensor over its values), or that runs inside CUDA graph capture, are
 //    pinned for good, as when recording.
-// Storages made while paused have no entry and are never evicted (Engine::MadeUnrecorded), so
-// ops on them cost a lookup. Exposures are noted while paused too (Engine::ExposeTensor). Only a
-// child forked while another thread was inside dtr skips all this (Note [fork]).
-void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack) {
+// Writes are found by storage, so a Python-key subclass sharing one of dtr's is seen too (the
+// recording path's unmanaged ops do the same). Storages made while paused have no entry and are
+// never evicted (Engine::MadeUnrecorded), so ops on them cost a lookup. Exposures are noted while
+// paused too (Engine::ExposeTensor). An enable() on another thread waits for the paused ops
+// under way (Engine::paused_ops_, SetPaused): their operands must not be evicted while they run
+// (seen: a matmul on a worker thread read freed memory). Only a child forked while another
+// thread was inside dtr skips all this (Note [fork]).
+void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   auto pass = [&] { op.redispatchBoxed(after, stack); };
-  if (!recording() || runtime_untrusted()) return pass();  // no recipe exists, or none can be trusted
+  if (runtime_untrusted()) return pass();
+  // Counted before paused() is read again (both sequentially consistent): an enable() that
+  // returned either made this op record or waited for it (SetPaused).
+  paused_ops_.fetch_add(1);
+  struct Done {
+    std::atomic<int>* count;
+    void Now() {
+      if (count != nullptr) count->fetch_sub(1);
+      count = nullptr;
+    }
+    ~Done() { Now(); }
+  } done{&paused_ops_};
+  if (!paused_.load(std::memory_order_seq_cst)) {
+    done.Now();
+    return Fallback(op, ks, stack);
+  }
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -643,21 +685,13 @@ void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet a
   }
   {
     Busy busy(this);
-    const bool bn_training = info.batch_norm && arguments[5].isBool() && arguments[5].toBool();
-    std::vector<Entry*> written;
-    ForEachTensor(arguments.data(), nargs, [&](Path p, const at::Tensor& t, bool) {
-      const bool writes = info.kind == Kind::kCommunication || info.write_all ||
-                          std::find(info.write_args.begin(), info.write_args.end(), p.index) != info.write_args.end() ||
-                          (bn_training && (p.index == 3 || p.index == 4));
-      if (!writes || !Manageable(t)) return;
-      Entry* e = EntryOf(t, false);
-      if (e != nullptr && std::find(written.begin(), written.end(), e) == written.end()) written.push_back(e);
-    });
-    if (!written.empty() && cfg_.rule_enabled(1))
-      WriteUnreplayably(info.name, written, info.name.c_str(), cfg_.rule_enabled(2));
+    WriteTrackedArgs(arguments.data(), nargs, info);
     if (CaptureUnderway()) PinReadInCapture(arguments.data(), nargs, info.name);
   }
   l.unlock();
+  // A collective may block on its peers: its operands are resident constants now, so enable()
+  // need not wait for it.
+  if (info.kind == Kind::kCommunication) done.Now();
   pass();
   const size_t nret = schema.returns().size();
   bool hides = ReturnsHideTensors(*stack, nret);

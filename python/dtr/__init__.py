@@ -99,7 +99,8 @@ def enable(budget=None, **options):
         if options:
             raise ValueError(f"dtr.enable: dtr is already active; only the budget can change now "
                              f"(got {sorted(options)})")
-        lib.dtr_set_paused(0)
+        if lib.dtr_set_paused(0):
+            raise RuntimeError("dtr.enable: resuming dtr failed (the reason is on stderr)")
         set_budget(nbytes)
         return
     saved = {}
@@ -147,7 +148,9 @@ def disable():
         return
     lib = _library.load()
     set_budget(None)
-    lib.dtr_set_paused(1)
+    if lib.dtr_set_paused(1):
+        raise RuntimeError("dtr.disable: bringing back an evicted tensor failed (the reason is on stderr); dtr is "
+                           "still enabled, with no budget")
 
 
 def is_enabled():

@@ -79,7 +79,7 @@ def load():
         ("dtr_config_string", ctypes.c_char_p, []),
         ("dtr_stats_json", ctypes.c_char_p, []),
         ("dtr_set_budget", ctypes.c_int, [ctypes.c_int64]),
-        ("dtr_set_paused", None, [ctypes.c_int]),
+        ("dtr_set_paused", ctypes.c_int, [ctypes.c_int]),
         ("dtr_dispatch_key", ctypes.c_int, []),
         ("dtr_thread_init", None, []),
         ("dtr_fork_hold", None, []),

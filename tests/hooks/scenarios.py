@@ -177,14 +177,15 @@ def set_budget():
 
 
 def raw_writes():
-    """An empty() buffer filled outside the dispatcher through a pointer dtr does not see (the
-    storage's data_ptr(), as C extensions fill buffers), as data loaders do (rule 4). (t.numpy()
-    and Tensor.data_ptr() are seen: Note [Memory read outside the dispatcher].)"""
+    """An empty() buffer filled outside the dispatcher through a pointer dtr does not see (taken
+    in C, as C extensions fill buffers: torch._C.StorageBase.data_ptr bypasses dtr's Python
+    wrapper), as data loaders do (rule 4). (t.numpy(), Tensor.data_ptr() and a storage's
+    data_ptr() from Python are seen: Note [Memory read outside the dispatcher].)"""
     import ctypes
     import numpy as np
     buf = torch.empty(64, 64)
     src = np.random.RandomState(5).rand(64, 64).astype(np.float32)
-    ctypes.memmove(buf.untyped_storage().data_ptr(), src.ctypes.data, src.nbytes)
+    ctypes.memmove(torch._C.StorageBase.data_ptr(buf.untyped_storage()), src.ctypes.data, src.nbytes)
     y = buf * 2
     evict_all()
     junk = [torch.full((64, 64), 7.0) for _ in range(4)]  # reuses freed blocks

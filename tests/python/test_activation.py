@@ -267,7 +267,35 @@ print(json.dumps(out))
     assert 0 < res["evicted"] <= 2 * 64 * 64 * 4, res
 
 
-PAUSED_OPS = ["in_place", "in_place_on_a_view", "out", "numpy", "batch_norm", "packed_weight", "sparse_values"]
+PAUSED_OPS = ["in_place", "in_place_on_a_view", "out", "numpy", "batch_norm", "packed_weight", "sparse_values",
+              "subclass", "storage_pointer"]
+# Writes no recipe can hold, while recording too: through a Python-key subclass sharing the
+# storage, with a sparse operand, through a storage's raw pointer (the review of stop 60).
+UNRECORDABLE_WRITES = ["subclass", "sparse_operand", "storage_pointer"]
+WRITES_PRELUDE = r"""
+import ctypes, hashlib, json, sys, torch
+on, case = sys.argv[1] == "dtr", sys.argv[2]
+if on:
+    import dtr
+    dtr.enable(budget="1TiB")
+torch.manual_seed(0)
+
+
+class Passing(torch.Tensor):  # a __torch_dispatch__ subclass that runs ops on its own storage
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        with torch.utils._mode_utils.no_dispatch():
+            return func(*args, **(kwargs or {}))
+
+
+def write_unrecordably(t):
+    if case == "subclass":
+        t.as_subclass(Passing).add_(1)
+    elif case == "sparse_operand":
+        t.add_(torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([5.0]), t.shape))
+    elif case == "storage_pointer":
+        ctypes.memset(t.untyped_storage().data_ptr(), 0, 16)
+"""
 
 
 @pytest.mark.parametrize("case", PAUSED_OPS)
@@ -275,16 +303,11 @@ def test_ops_while_disabled_keep_recipes_true(case):
     """Note [Ops while paused]: what an op does while dtr.disable() has ops pass through must not
     make a recipe recorded before false. A write to a recorded storage (in place, through a view,
     out=, a numpy view taken while disabled and written after enable(), batch norm's running
-    statistics) makes it a constant and detaches its readers; the operands an op's results may
-    hold (a packed weight's bias, a sparse tensor's values) are pinned. Each case read stale or
-    unallocated memory after enable() before (a silent wrong result)."""
-    code = r"""
-import hashlib, json, sys, torch
-on, case = sys.argv[1] == "dtr", sys.argv[2]
-if on:
-    import dtr
-    dtr.enable(budget="1TiB")
-torch.manual_seed(0)
+    statistics, a subclass sharing it, a storage's raw pointer) makes it a constant and detaches
+    its readers; the operands an op's results may hold (a packed weight's bias, a sparse tensor's
+    values) are pinned. Each case read stale or unallocated memory after enable() before (a
+    silent wrong result)."""
+    code = WRITES_PRELUDE + r"""
 digest = lambda t: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
 x = torch.randn(64, 64)
 a = x.exp()                              # recorded: evictable, replayed as exp(x)
@@ -307,6 +330,8 @@ elif case == "packed_weight":
     packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), bias)
 elif case == "sparse_values":
     sparse = torch.sparse_coo_tensor(torch.arange(16).unsqueeze(0), bias, (16,))
+elif case in ("subclass", "storage_pointer"):
+    write_unrecordably(a)
 if on:
     dtr.enable(budget="1TiB")
 if case == "numpy":
@@ -332,6 +357,83 @@ print(json.dumps(out))
     res = result(sh([PY, "-c", code, "dtr", case]))
     assert res.pop("evicted") > 0, res  # x at least: only a's or bias's readers are kept
     assert res == plain, case
+
+
+@pytest.mark.parametrize("case", UNRECORDABLE_WRITES)
+def test_unrecordable_writes_while_recording_keep_recipes_true(case):
+    """A write dtr sees but cannot record (an op with an operand it cannot manage, a subclass
+    sharing the storage: Engine::WriteTrackedArgs) or that happens outside the dispatcher (a
+    storage's data_ptr, dtr/_exposure.py) makes the storage a constant: before, the evicted storage
+    came back from its recipe without the write."""
+    code = WRITES_PRELUDE + r"""
+x = torch.randn(64, 64)
+a = x.exp()
+b = a.tanh()
+write_unrecordably(a)
+out = {}
+if on:
+    try:
+        dtr.set_budget(1)
+    except torch.OutOfMemoryError:
+        pass
+    dtr.set_budget(None)
+    out["evicted"] = dtr.stats()["evicted_bytes"]
+out.update(a=float(a.double().sum()), b=float(b.double().sum()))
+print(json.dumps(out))
+"""
+    plain = result(sh([PY, "-c", code, "plain", case]))
+    res = result(sh([PY, "-c", code, "dtr", case]))
+    assert res.pop("evicted") > 0, res
+    assert res == plain, case
+
+
+def test_enable_waits_for_ops_that_began_disabled():
+    """Note [Ops while paused]: dtr.enable() on one thread while another runs ops that began while
+    dtr was disabled waits for them; before, enable() and a small budget evicted a matmul's
+    operand under it (a segmentation fault in 6 runs of 8 in the review). And disable() skips an
+    evicted storage whose death the other thread's deleter deferred (it aborted the process:
+    "replay target storage is gone")."""
+    code = r"""
+import threading, time, torch, dtr
+torch.set_num_threads(1)
+dtr.enable(budget="1TiB")
+torch.manual_seed(0)
+x = torch.randn(512, 512)
+a, w = x.exp(), torch.randn(512, 512)
+dtr.disable()
+ref = a @ w                        # made while disabled: never evicted
+counts, stop = {"ops": 0, "wrong": 0, "out_of_memory": 0}, False
+
+
+def worker():
+    while not stop:
+        try:
+            r = a @ w              # begins disabled, or records under the small budget
+            counts["wrong"] += int(not torch.equal(r, ref))
+            counts["ops"] += 1
+        except torch.OutOfMemoryError:  # recording, the budget may not fit a, w, r and ref
+            counts["out_of_memory"] += 1
+
+
+t = threading.Thread(target=worker)
+t.start()
+t0, rounds = time.time(), 0
+while time.time() - t0 < 2:
+    dtr.enable(budget="1TiB")
+    try:
+        dtr.set_budget(3 << 20)    # evicts a (1 MiB) unless an op holds it
+    except torch.OutOfMemoryError:
+        pass
+    dtr.disable()
+    rounds += 1
+stop = True
+t.join()
+print(counts["ops"], counts["wrong"], rounds)
+"""
+    r = sh([PY, "-c", code])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ops, wrong, rounds = map(int, r.stdout.split())
+    assert ops > 0 and rounds > 0 and wrong == 0, r.stdout
 
 
 # ---- python -m dtr runs the target exactly as python would ----
