@@ -288,6 +288,17 @@ class Passing(torch.Tensor):  # a __torch_dispatch__ subclass that runs ops on i
             return func(*args, **(kwargs or {}))
 
 
+def evict_all_it_can():
+    if not on:
+        return {}
+    try:
+        dtr.set_budget(1)
+    except torch.OutOfMemoryError:
+        pass
+    dtr.set_budget(None)
+    return {"evicted": dtr.stats()["evicted_bytes"]}
+
+
 def write_unrecordably(t):
     if case == "subclass":
         t.as_subclass(Passing).add_(1)
@@ -336,14 +347,7 @@ if on:
     dtr.enable(budget="1TiB")
 if case == "numpy":
     view += 1                            # written outside PyTorch
-out = {}
-if on:
-    try:
-        dtr.set_budget(1)                # evicts all it can
-    except torch.OutOfMemoryError:
-        pass
-    dtr.set_budget(None)
-    out["evicted"] = dtr.stats()["evicted_bytes"]
+out = evict_all_it_can()
 # First what reads memory that a storage of dtr's may hide in (reading `bias` brings it back).
 if case == "packed_weight":
     y = torch.ops.quantized.linear(torch.quantize_per_tensor(torch.randn(8, 64), 0.1, 0, torch.quint8), packed, 0.2, 0)
@@ -370,14 +374,7 @@ x = torch.randn(64, 64)
 a = x.exp()
 b = a.tanh()
 write_unrecordably(a)
-out = {}
-if on:
-    try:
-        dtr.set_budget(1)
-    except torch.OutOfMemoryError:
-        pass
-    dtr.set_budget(None)
-    out["evicted"] = dtr.stats()["evicted_bytes"]
+out = evict_all_it_can()
 out.update(a=float(a.double().sum()), b=float(b.double().sum()))
 print(json.dumps(out))
 """
