@@ -1,8 +1,11 @@
 """Overhead of dtr on a 2-rank DDP job (gloo, CPU; tests/hooks/dist_train.py's model): time per
 step without dtr, under dtr with no budget, and under dtr with each rank's budget set to a
-fraction of its own peak after the warm-up steps. The configurations alternate, round after
-round, in one run, so machine load affects them alike; the table gives the median step time (the
-slower rank's) and its ratio to the plain job's.
+fraction of its own peak after the warm-up steps. The budgeted jobs start under a budget that
+never binds (DTR_BUDGET=1TiB), so that dtr records from the start as under `python -m dtr
+--budget`; one more job sets the last fraction with no budget before it, which leaves all that
+was made before it resident (Note [Recording starts with a budget]). The configurations
+alternate, round after round, in one run, so machine load affects them alike; the table gives
+the median step time (the slower rank's) and its ratio to the plain job's.
 
     python bench/ddp_overhead.py [--rounds 3] [--steps 20] [--fractions 0.8 0.5] [--out FILE]
 
@@ -21,11 +24,13 @@ SCRIPT = os.path.join(os.path.dirname(HERE), "tests", "hooks", "dist_train.py")
 WARMUP = 2  # dist_train.WARMUP: the budget is set at the start of this step
 
 
-def run_job(steps, fraction, dtr):
+def run_job(steps, fraction, dtr, late=False):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     env["OMP_NUM_THREADS"] = "1"
     if dtr:
         env["DTR_ENABLE"] = "1"
+    if fraction is not None and not late:
+        env["DTR_BUDGET"] = "1TiB"  # recording from the start
     with tempfile.TemporaryDirectory() as out:
         env["DIST_OUT"] = out
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -49,15 +54,18 @@ def main():
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.9, 0.8, 0.7, 0.5])
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args()
-    configs = [("plain", None, False), ("dtr, no budget", None, True)] + [
-        (f"dtr, budget {f} x peak", f, True) for f in args.fractions]
-    times = {name: [] for name, _, _ in configs}
+    configs = [("plain", None, False, False), ("dtr, no budget", None, True, False)] + [
+        (f"dtr, budget {f} x peak", f, True, False) for f in args.fractions]
+    if args.fractions:
+        f = args.fractions[-1]
+        configs.append((f"dtr, budget {f} x peak, no budget before it", f, True, True))
+    times = {name: [] for name, *_ in configs}
     notes, stats = {}, {}
     for _ in range(args.rounds):
-        for name, fraction, dtr in configs:
+        for name, fraction, dtr, late in configs:
             if name in notes:
                 continue
-            result, err = run_job(args.steps, fraction, dtr)
+            result, err = run_job(args.steps, fraction, dtr, late)
             if err:
                 notes[name] = err
                 continue
@@ -66,7 +74,7 @@ def main():
     base = statistics.median(times["plain"])
     lines = ["| configuration | s/step (median) | vs plain | evictions / remats (rank 0, rank 1) |",
              "|---|---|---|---|"]
-    for name, _, _ in configs:
+    for name, *_ in configs:
         if name in notes:
             lines.append(f"| {name} | - | - | {notes[name]} |")
             continue
