@@ -107,7 +107,8 @@ class Engine final : public ReplayBackend,
   // ---------------- the fallback (fallback.cc) ----------------
   void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
   // Note [Ops while paused] (fallback.cc): runs an op while dtr.disable() has ops pass through,
-  // keeping the recipes recorded before true. `after`: the keys below dtr's.
+  // keeping the recipes recorded before true. `ks` as Fallback's (it goes on to Fallback if
+  // dtr was enabled meanwhile).
   void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
   // ---------------- deleter ----------------

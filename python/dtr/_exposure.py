@@ -6,8 +6,8 @@ fixups wherever dtr is active.
 - Writable views (Tensor.numpy, np.asarray, __dlpack__ / to_dlpack, __cuda_array_interface__)
   and element-wise Python callbacks (apply_, map_, map2_):
   torch.ops.dtr.expose(t, True). The storage is resident for good and is never a replay source.
-- A raw pointer (Tensor.data_ptr, or a storage's data_ptr) taken by the program: as a writable view (ctypes may write
-  through it). Taken by PyTorch's own Python code (an identity check): torch.ops.dtr.expose(t,
+- A raw pointer (Tensor.data_ptr, or a storage's data_ptr) taken by the program: as a writable
+  view (ctypes may write through it). Taken by PyTorch's own Python code (an identity check): torch.ops.dtr.expose(t,
   False), as for a serialization (torch.save, pickle: __reduce_ex__): the storage stays resident
   while it lives.
 - Reads that finish before they return (tolist, copy.deepcopy, torch.max_pool1d's composite
@@ -27,6 +27,17 @@ def _plain(t):
     import torch
     # Subclasses (FakeTensor, DTensor, functional wrappers) are not dtr's: it never records them.
     return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type in ("cpu", "cuda")
+
+
+def _writable_for_caller(frame):
+    """Whether a raw pointer handed to the code of `frame` may be written through: PyTorch's own
+    Python code uses the address as an identity (nn.RNN compares its weights', FSDP its shards');
+    any other caller may write through it (ctypes). Frames of torch.storage (a TypedStorage
+    asking its UntypedStorage) are skipped."""
+    while frame is not None and frame.f_globals.get("__name__", "") == "torch.storage":
+        frame = frame.f_back
+    caller = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return not (caller == "torch" or caller.startswith("torch."))
 
 
 def install():
@@ -98,30 +109,24 @@ def install():
     @functools.wraps(original_data_ptr)
     def data_ptr(self):
         if _plain(self):
-            # PyTorch's own Python code uses the address as an identity (nn.RNN compares its
-            # weights', FSDP its shards'); any other caller may write through it (ctypes).
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            expose(self, not (caller == "torch" or caller.startswith("torch.")))
+            expose(self, _writable_for_caller(sys._getframe(1)))
         return original_data_ptr(self)
 
     T.data_ptr = data_ptr
 
     # The same through a storage (Tensor.untyped_storage().data_ptr(), Tensor.storage().data_ptr(),
     # whose TypedStorage asks its UntypedStorage): dtr's entry is the storage's, so a uint8 tensor
-    # over all of it stands for it. The caller is the first frame outside torch.storage.
+    # over all of it stands for it.
     S = torch.UntypedStorage
     original_storage_data_ptr = S.data_ptr
 
     @functools.wraps(original_storage_data_ptr)
     def storage_data_ptr(self):
         if type(self) is S and self.device.type in ("cpu", "cuda") and self.nbytes() > 0:
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_globals.get("__name__", "") == "torch.storage":
-                frame = frame.f_back
-            caller = frame.f_globals.get("__name__", "") if frame is not None else ""
+            writable = _writable_for_caller(sys._getframe(1))
             with torch._C._DisableTorchDispatch():  # an active mode (FakeTensorMode) must not see these
                 whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(self)
-                expose(whole, not (caller == "torch" or caller.startswith("torch.")))
+                expose(whole, writable)
         return original_storage_data_ptr(self)
 
     S.data_ptr = storage_data_ptr
