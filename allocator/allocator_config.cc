@@ -55,7 +55,7 @@ std::string AllocatorConfig::ToString() const {
       ", large_round=", FormatBytesShort(large_round),
       ", eviction=", enable_eviction ? "on" : "off",
       ", shrink_segment_to_fit_budget=", shrink_segment_to_fit_budget ? "on" : "off",
-      ", exact_reuse_under_budget=", exact_reuse_under_budget ? "on" : "off", "}");
+      ", exact_reuse=", exact_reuse ? "on" : "off", "}");
 }
 
 bool operator==(const AllocatorConfig& a, const AllocatorConfig& b) {
@@ -64,7 +64,7 @@ bool operator==(const AllocatorConfig& a, const AllocatorConfig& b) {
          a.large_segment_size == b.large_segment_size && a.min_large_alloc == b.min_large_alloc &&
          a.large_round == b.large_round && a.enable_eviction == b.enable_eviction &&
          a.shrink_segment_to_fit_budget == b.shrink_segment_to_fit_budget &&
-         a.exact_reuse_under_budget == b.exact_reuse_under_budget;
+         a.exact_reuse == b.exact_reuse;
 }
 
 }  // namespace dtr::alloc

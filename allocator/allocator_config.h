@@ -36,14 +36,14 @@ struct AllocatorConfig {
   // When the usual segment size would exceed the budget (or the backend refuses it), try the
   // smallest segment that holds the request. See Note [Budget-constrained segment size].
   bool shrink_segment_to_fit_budget = true;
-  // Under a budget, a cached free segment serves only a request of its own rounded size, so no
-  // new remnant keeps a segment reserved (meant for one segment per block, as the CPU allocator
-  // configures it). See Note [Exact reuse under a budget].
-  bool exact_reuse_under_budget = false;
+  // A cached free segment serves only a request of its own rounded size, with a budget or
+  // without (one may be set later), so no remnant keeps a segment reserved (meant for one
+  // segment per block, as the CPU allocator configures it). See Note [Exact reuse].
+  bool exact_reuse = false;
 
   bool unlimited_budget() const { return budget_bytes == kUnlimited; }
 
-  // A segment of its own for every block, rounded to 512 B, with exact reuse under a budget:
+  // A segment of its own for every block, rounded to 512 B, with exact reuse:
   // dtr's CPU allocator (Note [CPU allocator granularity], hooks/cpu_allocator_adapter.cc).
   static AllocatorConfig SegmentPerBlock() {
     AllocatorConfig ac;
@@ -53,7 +53,7 @@ struct AllocatorConfig {
     ac.min_large_alloc = 1024;
     ac.large_segment_size = 1024;
     ac.large_round = 512;
-    ac.exact_reuse_under_budget = true;
+    ac.exact_reuse = true;
     return ac;
   }
 

@@ -82,23 +82,32 @@ namespace dtr::alloc {
 // threads freed and allocated meanwhile), so Allocate re-runs the ladder from rung 1 after it. An
 // Allocate issued from inside MakeRoom on the same thread skips rung 3 (no recursive eviction).
 //
-// Note [Exact reuse under a budget]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With config.exact_reuse_under_budget and a finite budget, rung 1 hands out a cached free block
-// only to a request of exactly its rounded size. A larger block would be split, and the remnant
-// cannot go back to the backend while its neighbour lives: under a tight budget remnants add up
-// to requests that fit nowhere (an MLP at 0.9 of its peak failed with 78 KiB free in them). The
-// cache is kept otherwise: training repeats its shapes, so most requests find a block of their
-// size, and what does not is released by rung 4 (CanSatisfy counts it, so no eviction is asked
-// for bytes the cache holds). Host memory used this way for dtr's CPU allocator
+// Note [Exact reuse]
+// ~~~~~~~~~~~~~~~~~~
+// With config.exact_reuse, rung 1 hands out a cached free segment only to a request of exactly
+// its rounded size. A larger block would be split, and the remnant cannot go back to the backend
+// while its neighbour lives: under a tight budget remnants add up to requests that fit nowhere
+// (an MLP at 0.9 of its peak failed with 78 KiB free in them). The cache is kept otherwise:
+// training repeats its shapes, so most requests find a block of their size; a miss resizes a
+// cached segment of a nearby size (Note [Resizing a nearby cached segment]), and what is still
+// not served is released by rung 4 (CanSatisfy counts it, so no eviction is asked for bytes the
+// cache holds). Host memory used this way for dtr's CPU allocator
 // (hooks/cpu_allocator_adapter.cc) replaced releasing every block as it was freed, whose mmap and
 // page faults on the next allocation doubled the step time under a budget that never binds.
+// The rule holds with no budget too, because one may be set later (dtr.set_budget, as the
+// distributed tests' ranks do after measuring their peak). Until stop 62 it held only under a
+// budget: the unbudgeted steps' backward placed gradients and momentum buffers in the freed
+// activations' segments, and the remnants beside them were still reserved when the budget came.
+// An MLP of 1 MiB activations then used 5.96 MiB of a 6.9 MiB budget (6.89 MiB when recording
+// from the start), needed 108 evictions a step instead of 68 and 1.7x the time a step; a 2-rank
+// DDP job at half its peak ran 12.86x slower than plain, 1.56x now (1.38x budgeted from the
+// start; bench/results/ddp.md).
 // Two limits keep it honest: a free remnant inside a segment still in use may be split as usual
-// (splitting it ties up nothing new; remnants exist after an unbudgeted phase), and a miss while
-// the cache holds more bytes than the peak allocated releases the cached segments before growing,
-// so under a budget that never binds reserved bytes stay within about twice that peak. (Bounding
-// the cache by the bytes allocated now flushed it after every backward pass: +17% a step.)
-// CanSatisfy and WouldSatisfyIfFreed apply the same rule as rung 1.
+// (splitting it ties up nothing new), and a miss while the cache holds more bytes than the peak
+// allocated that no resize serves releases the cached segments before growing, so reserved bytes
+// stay within about twice that peak. (Bounding the cache by the bytes allocated now flushed it
+// after every backward pass: +17% a step.) CanSatisfy and WouldSatisfyIfFreed apply the same rule
+// as rung 1.
 //
 // Note [Retry ladder]
 // ~~~~~~~~~~~~~~~~~~~
@@ -307,12 +316,22 @@ CachingAllocator::Attempt CachingAllocator::TryAllocateLocked(size_t rounded, si
     attempt.ptr = HandOutLocked(block, rounded, requested);
     return attempt;
   }
-  // Note [Exact reuse under a budget]: a miss while the cache holds more than the peak in use
-  // empties it first, so sizes no longer asked for cannot pile up under a budget that never binds.
-  if (ExactReuseActiveLocked() &&
-      stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.peak) {
-    ++stats_.num_cache_flushes;
-    ReleaseCachedSegmentsLocked();
+  if (config_.exact_reuse) {
+    // Note [Exact reuse]: a miss resizes a cached segment of a nearby size, while resizing is not
+    // being undone (Note [Undone resizes]) or the cache holds more than the peak in use; in that
+    // case, failing to, it empties the cache, so sizes no longer asked for cannot pile up (with
+    // no budget, or one that never binds).
+    resize_gate_.OnMiss(sizes_.MinimalSegmentSize(rounded), hand_out_clock_);
+    const bool over = stats_.reserved_bytes.current - stats_.allocated_bytes.current > stats_.allocated_bytes.peak;
+    if (over || resize_gate_.Allowed()) {
+      attempt.ptr = ResizeNearbyCachedSegmentLocked(rounded, requested, pool, stream);
+      if (attempt.ptr != nullptr) return attempt;
+    }
+    if (over) {
+      ++stats_.num_cache_flushes;
+      ReleaseCachedSegmentsLocked();
+      resize_gate_.Reset();  // another phase of the run, maybe
+    }
   }
   if (Block* block = GrowLocked(rounded, pool, stream, &attempt.backend_error)) {
     attempt.ptr = HandOutLocked(block, rounded, requested);
@@ -330,9 +349,9 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlockLocked(size_t rounded, P
 }
 
 bool CachingAllocator::ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const {
-  // Note [Exact reuse under a budget]: a remnant inside a used segment may still be split (it ties
+  // Note [Exact reuse]: a remnant inside a used segment may still be split (it ties
   // up nothing more than it does already); a whole cached segment serves its own size only.
-  return ExactReuseActiveLocked() && whole_segment && block_size != rounded;
+  return config_.exact_reuse && whole_segment && block_size != rounded;
 }
 
 CachingAllocator::Block* CachingAllocator::GrowLocked(size_t rounded, Pool pool, Stream stream,
@@ -384,19 +403,19 @@ CachingAllocator::Block* CachingAllocator::AddSegmentLocked(void* memory, size_t
 
 // Note [Recycling a cached segment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Under a budget that binds, a request no cached segment serves (Note [Exact reuse under a
-// budget]) releases cached segments and maps a new one, whose pages its kernel then faults in
-// again: ResNet at a budget equal to its peak (CPU) faulted about 2,100 pages (8 MiB) a step, as
-// if every activation were new, against 4 under a budget that never binds. A backend that can
-// resize a segment (HostBackend: mremap) turns one cached segment into the new one instead: the
-// smallest at least as large as the request, shrunk (its tail goes back to the system; no page
-// is faulted), else the largest, grown (only the added pages are new) once enough of the others
-// are released (Note [Releasing what a request needs]) for it to fit. Reserved bytes end where
-// releasing and growing would have put them, and nothing of the old segment stays behind
-// (unlike a split, Note [Exact reuse under a budget]). Real CPU runs (torch 2.14.1, old and new
-// library interleaved, 3 rounds, CPU time a step): ResNet at its peak 1,100 pages faulted a step
-// instead of 2,100 and 28.6-29.4 ms instead of 28.9-29.4; DenseNet at its peak 70 ms instead
-// of 75-87, at 0.6 of it 71-83 instead of 96-98; UNet at its peak 33-34 ms instead of 34-36.
+// Under a budget that binds, a request no cached segment serves (Note [Exact reuse]) releases
+// cached segments and maps a new one, whose pages its kernel then faults in again: ResNet at a
+// budget equal to its peak (CPU) faulted about 2,100 pages (8 MiB) a step, as if every activation
+// were new, against 4 under a budget that never binds. A backend that can resize a segment
+// (HostBackend: mremap) turns one cached segment into the new one instead: the smallest at least as
+// large as the request, shrunk (its tail goes back to the system; no page is faulted), else the
+// largest, grown (only the added pages are new) once enough of the others are released (Note
+// [Releasing what a request needs]) for it to fit. Reserved bytes end where releasing and growing
+// would have put them, and nothing of the old segment stays behind (unlike a split, Note [Exact
+// reuse]). Real CPU runs (torch 2.14.1, old and new library interleaved, 3 rounds, CPU time a
+// step): ResNet at its peak 1,100 pages faulted a step instead of 2,100 and 28.6-29.4 ms instead of
+// 28.9-29.4; DenseNet at its peak 70 ms instead of 75-87, at 0.6 of it 71-83 instead of 96-98; UNet
+// at its peak 33-34 ms instead of 34-36.
 void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t requested, size_t segment_size,
                                                    Pool pool, Stream stream) {
   if (segment_size > budget_bytes_) return nullptr;
@@ -429,6 +448,55 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
   return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
 }
 
+// Note [Resizing a nearby cached segment]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With exact reuse (Note [Exact reuse]) a request of a size the cache does not hold would map a
+// new segment, whose pages its kernel then faults in, while a cached segment of a neighbouring
+// size sits idle. Sizes that change a little from step to step are common: a language model's
+// sequence length, hence its logits, varies per batch. So before growing, a miss resizes a whole
+// cached segment of a nearby size in place, when the backend can (HostBackend: mremap): the
+// smallest free block at least as large, if at most twice the request (shrunk: its tail goes
+// back, no page faults), else the smallest at least half of it (grown: only the added pages are
+// new). A larger one is left for a request of its own size: shrinking a 30 MiB segment for a
+// 1 MiB request would fault the 30 MiB in again when the next long batch comes. Nothing of the
+// old segment stays behind, as in Note [Recycling a cached segment], and growing respects the
+// budget. A workload whose sizes repeat step after step loses by it: the segment taken was
+// wanted later in the step, whose request then took another one, and so on every step; so a
+// miss resizes only while resizing is not being undone (Note [Undone resizes], resize_gate.h), or
+// when the cache holds more than the peak in use (resizing instead of emptying it).
+// Splitting a cached segment, as the allocator did with no budget until stop 62, served such
+// requests too, but left remnants that a budget set later could not use (Note [Exact reuse]).
+// Measured side by side (stop 62, torch 2.14.1 on the CPU, one thread, 3 rounds, CPU time a step
+// over the plain run's, whose own step varied 33-62 ms between processes): the word-level LM with
+// no budget 0.56-0.64 splitting (stop 61's library), 0.76-0.81 resizing only in place of a flush
+// (about exact reuse alone), 0.59-0.66 gated as above, with 154, 143 and 81 MiB reserved; under a
+// budget that never binds 0.91-1.02 with stop 61's library, 0.59-0.66 gated. DenseNet, whose
+// sizes repeat: resizing at every miss 0.92-1.15 with no budget and 0.99-1.37 under 1 TiB,
+// against 0.73-0.80 and 0.82-0.89 with stop 61's library; gated 0.72-0.92 and 0.83-1.01.
+void* CachingAllocator::ResizeNearbyCachedSegmentLocked(size_t rounded, size_t requested, Pool pool,
+                                                        Stream stream) {
+  const size_t segment_size = sizes_.MinimalSegmentSize(rounded);
+  const FreeBlocks& free = free_blocks_[static_cast<int>(pool)];
+  auto resizable = [&](const Block* b) {
+    return b != nullptr && b->segment->releasable && backend_->CanResize(b->size, segment_size);
+  };
+  Block* chosen = free.SmallestFitting(stream, segment_size);
+  if (!resizable(chosen) || chosen->size / 2 > segment_size) {
+    const size_t half = sizes_.RoundSize(segment_size / 2);
+    chosen = free.SmallestFitting(stream, half);
+    if (!resizable(chosen) || chosen->size >= segment_size) return nullptr;
+    const size_t others = static_cast<size_t>(stats_.reserved_bytes.current) - chosen->size;
+    if (segment_size > budget_bytes_ || others > budget_bytes_ - segment_size) return nullptr;
+  }
+  Segment* segment = chosen->segment;
+  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), segment->size, segment_size);
+  if (!memory.ok()) return nullptr;  // the segment is still there, as it was
+  resize_gate_.OnResize(segment->size, segment->last_hand_out, hand_out_clock_);
+  ForgetSegmentLocked(segment);
+  ++stats_.num_segment_resizes;
+  return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
+}
+
 void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t requested) {
   const size_t remaining = block->size - rounded;
   if (sizes_.ShouldSplit(block->pool, remaining)) {
@@ -448,6 +516,7 @@ void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t reque
   }
   block->allocated = true;
   block->requested_size = requested;
+  block->segment->last_hand_out = ++hand_out_clock_;
   allocated_blocks_[block->ptr] = block;
   NoteReleasableLocked(block->segment);
   const auto size = static_cast<int64_t>(block->size);
@@ -588,7 +657,7 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
 // Note [Releasing what a request needs]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Rung 4 under a budget used to release every cached segment. Under a budget that binds, with
-// Note [Exact reuse under a budget], every miss then emptied the cache, so the sizes the next ops
+// Note [Exact reuse], every miss then emptied the cache, so the sizes the next ops
 // asked for were mapped again and their pages faulted in again by the kernels: DenseNet at a
 // budget equal to its peak ran its ops 19% slower than under a budget that never binds
 // (runtime/README.md). So it first releases only what the request needs: the smallest cached
@@ -787,6 +856,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
     return fail("reserved ", stats_.reserved_bytes.current, " exceeds budget ",
                 budget_bytes_);
   }
+  if (absl::Status gate = resize_gate_.CheckInvariants(hand_out_clock_); !gate.ok()) return gate;
   std::unordered_map<const Block*, int> pending_entries;
   for (const PendingEvent& pending : pending_events_) ++pending_entries[pending.block];
 

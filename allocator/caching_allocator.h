@@ -27,6 +27,7 @@
 #include "allocator/eviction_handler.h"
 #include "allocator/free_set.h"
 #include "allocator/memory_snapshot.h"
+#include "allocator/resize_gate.h"
 #include "allocator/size_classes.h"
 #include "allocator/stream.h"
 
@@ -133,6 +134,7 @@ class CachingAllocator {
     Stream stream;
     Block* head = nullptr;
     bool releasable = false;  // counted in releasable_bytes_ (Note [Releasable bytes])
+    uint64_t last_hand_out = 0;  // hand_out_clock_ when a block of it was last handed out
     bool OneFreeBlock() const { return head->is_free() && head->next == nullptr; }
   };
   // A pool's free blocks, indexed for best fit (Note [Binned free blocks], free_set.h).
@@ -170,17 +172,19 @@ class CachingAllocator {
   // cannot resize.
   void* RecycleCachedSegmentLocked(size_t rounded, size_t requested, size_t segment_size, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Resizing a nearby cached segment]: on a miss under exact reuse, a cached segment of a
+  // nearby size resized in place into the requested block; null if none qualifies or the backend
+  // cannot resize.
+  void* ResizeNearbyCachedSegmentLocked(size_t rounded, size_t requested, Pool pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
   // needs]) enough for at least `at_least` bytes; returns the bytes released.
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Note [Exact reuse under a budget]: whether rung 1 must not hand out a free block of
+  // Note [Exact reuse]: whether rung 1 must not hand out a free block of
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
   bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool ExactReuseActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return config_.exact_reuse_under_budget && budget_bytes_ != AllocatorConfig::kUnlimited;
-  }
   size_t ReleasableBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return releasable_bytes_; }
   // Note [Releasable bytes]: recounts `segment` after its blocks changed.
   void NoteReleasableLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,6 +210,8 @@ class CachingAllocator {
   std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]
+  uint64_t hand_out_clock_ ABSL_GUARDED_BY(mu_) = 0;  // blocks handed out so far
+  ResizeGate resize_gate_ ABSL_GUARDED_BY(mu_);       // Note [Undone resizes]
   // MarkHighWater's peak and a copy of stats_.allocated_bytes.current: written under mu_, read
   // (and high_water_ restarted) without it.
   std::atomic<int64_t> high_water_{0}, allocated_now_{0};

@@ -16,7 +16,7 @@ namespace dtr::alloc {
 // after the first free, large segments come from the heap; a small long-lived malloc (a replay
 // record) placed in a freed large chunk then splits it, the next segment no longer fits and the
 // heap grows: when segments were released as soon as they were freed (under a budget, before
-// Note [Exact reuse under a budget]), an EMA carried across steps grew the process by 0.75 MB a
+// Note [Exact reuse]), an EMA carried across steps grew the process by 0.75 MB a
 // step while dtr's accounting stayed flat. Rung 4 of the retry ladder still releases them.
 // Mapped segments return to the OS when freed and never mix with small allocations.
 constexpr size_t kMapThreshold = 128 << 10;

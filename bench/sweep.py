@@ -955,10 +955,12 @@ def summary_section(results, a):
         mean = sum(both) / len(both) - 1
         text.append(f"Preloaded with no budget, steps cost {min(unl):.2f}–{max(unl):.2f}× the plain ones; under a "
                     f"budget that never binds (1 TiB) {min(nb):.2f}–{max(nb):.2f}×, on average {mean:+.0%} over no "
-                    "budget. Under a budget dtr's CPU allocator reuses a cached block only for a request of its "
-                    "own size (Note [Exact reuse under a budget], allocator/caching_allocator.cc); a request that "
-                    "does not fit resizes a cached segment for itself or releases some (Note [Recycling a cached "
-                    "segment]), a cost every budgeted ratio includes.")
+                    "budget. dtr's CPU allocator reuses a cached block only for a request of its own size, with a "
+                    "budget or without (Note [Exact reuse], allocator/caching_allocator.cc); a miss resizes a "
+                    "cached segment of a nearby size while such resizes are not undone (Note [Resizing a nearby "
+                    "cached segment]), and under a budget a request that does not fit resizes a cached segment "
+                    "for itself or releases some (Note [Recycling a cached segment]), a cost every budgeted ratio "
+                    "includes.")
     L.append(" ".join(text) + "\n")
     return "\n".join(L)
 

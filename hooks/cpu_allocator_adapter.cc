@@ -41,9 +41,9 @@ alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
   // budget: one long-lived tensor (a parameter, a gradient) keeps its whole segment reserved,
   // and a 256 KiB small-pool segment could not grow inside a 460 KiB budget that already held
   // one. So every tensor gets its own segment, rounded to 512 B (the header included). Freed
-  // segments are cached for reuse; under a budget a cached segment serves only a request of its
-  // own size (Note [Exact reuse under a budget], allocator/caching_allocator.cc), since
-  // splitting it would leave a remnant that cannot be released while its neighbour lives.
+  // segments are cached for reuse; a cached segment serves only a request of its own size, or
+  // is resized for one of a nearby size (Note [Exact reuse], allocator/caching_allocator.cc),
+  // since splitting it would leave a remnant that cannot be released while its neighbour lives.
   // AllocatorConfig::SegmentPerBlock() holds these values.
   return ac;
 }

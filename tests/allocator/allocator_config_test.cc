@@ -23,7 +23,7 @@ TEST(AllocatorConfigTest, SegmentPerBlockGivesEveryBlockItsOwnSegment) {
   EXPECT_TRUE(ac.Validate().ok()) << ac.Validate();
   EXPECT_EQ(ac.small_segment_size, ac.small_size);  // a small block fills its segment
   EXPECT_EQ(ac.large_round, ac.min_block_size);     // a large one is its segment, to 512 B
-  EXPECT_TRUE(ac.exact_reuse_under_budget);
+  EXPECT_TRUE(ac.exact_reuse);
   EXPECT_TRUE(ac.unlimited_budget());
 }
 

@@ -77,7 +77,7 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   config.budget_bytes = kBudgets[rng() % std::size(kBudgets)];
   config.shrink_segment_to_fit_budget = rng() % 4 != 0;
   config.enable_eviction = rng() % 3 != 0;
-  config.exact_reuse_under_budget = rng() % 3 == 0;
+  config.exact_reuse = rng() % 3 == 0;
   // Sometimes the device itself is smaller than the budget: real OOMs from the backend.
   const size_t capacity = rng() % 4 == 0 ? (16 + rng() % 64) * kMiB : SIZE_MAX;
   FakeBackend backend(capacity);

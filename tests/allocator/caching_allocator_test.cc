@@ -406,18 +406,18 @@ TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("eviction disabled"));
 }
 
-// One segment per block with exact reuse under a budget, as dtr's CPU allocator configures it
+// One segment per block with exact reuse, as dtr's CPU allocator configures it
 // (hooks/cpu_allocator_adapter.cc).
 void OneSegmentPerBlock(AllocatorConfig& config) {
-  config.exact_reuse_under_budget = true;
+  config.exact_reuse = true;
   config.small_size = config.small_segment_size = 512;
   config.min_large_alloc = config.large_segment_size = 1024;
   config.large_round = 512;
 }
 
-// Note [Exact reuse under a budget]: under a budget a cached block is reused only at its own
-// size, and what the cache holds is released (not evicted for) when a request does not fit.
-TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
+// Note [Exact reuse]: a cached block is reused only at its own size, with a budget or without,
+// and what the cache holds is released (not evicted for) when a request does not fit.
+TEST(RetryLadderTest, ExactReuseNeverSplitsACachedBlock) {
   for (bool budgeted : {false, true}) {
     FakeBackend backend;
     AllocatorConfig config = budgeted ? BudgetConfig(64 * kKiB) : AllocatorConfig{};
@@ -427,16 +427,15 @@ TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
     void* big = *allocator->Allocate(8 * kKiB);
     DTR_ASSERT_OK(allocator->Free(big));
     void* small = *allocator->Allocate(2 * kKiB);
-    EXPECT_EQ(small == big, !budgeted) << "a smaller request splits the cached block only without a budget";
-    EXPECT_EQ(allocator->GetStats().num_segment_allocs, budgeted ? 3 : 2);
-    if (!budgeted) continue;
+    EXPECT_NE(small, big) << "budgeted " << budgeted;
+    EXPECT_EQ(allocator->GetStats().num_segment_allocs, 3);
     EXPECT_EQ(*allocator->Allocate(8 * kKiB), big);  // its own size: reused
     // Once the cache holds more than the peak in use, a miss releases it before growing.
     DTR_ASSERT_OK(allocator->Free(keep));  // cached 16 KiB, allocated 10 KiB, peak 26 KiB
     allocator->ResetPeakStats();           // peak 10 KiB
     ASSERT_TRUE(allocator->Allocate(4 * kKiB).ok());
     AllocatorStats stats = allocator->GetStats();
-    EXPECT_EQ(stats.reserved_bytes.current, stats.allocated_bytes.current);
+    EXPECT_EQ(stats.reserved_bytes.current, stats.allocated_bytes.current) << "budgeted " << budgeted;
     DTR_EXPECT_OK(allocator->CheckInvariants());
   }
   // When the cache holds what a request needs, rung 4 releases it and nothing is evicted.
@@ -455,6 +454,100 @@ TEST(RetryLadderTest, ExactReuseUnderABudgetNeverSplitsACachedBlock) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(evictions, 0);
   EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(8 * kKiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+// Note [Exact reuse]: a long-lived block allocated with no budget (a gradient, made after the
+// forward's activations were freed) gets a segment of its own, so the budget set afterwards can
+// hold the activation again without evicting anything. Splitting the activation's segment left
+// it reserved with a remnant no activation fits in.
+TEST(RetryLadderTest, ABudgetSetLaterIsNotLostToRemnants) {
+  FakeBackend backend;
+  AllocatorConfig config;
+  OneSegmentPerBlock(config);
+  auto allocator = MakeAllocator(config, &backend);
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(8 * kKiB)));  // an activation
+  void* gradient = *allocator->Allocate(2 * kKiB);
+  DTR_ASSERT_OK(allocator->SetBudget(10 * kKiB));
+  LambdaHandler handler([](const EvictionRequest&) { return EvictionResult{}; });
+  allocator->SetEvictionHandler(&handler);
+  absl::StatusOr<void*> activation = allocator->Allocate(8 * kKiB);
+  ASSERT_TRUE(activation.ok()) << activation.status();
+  EXPECT_TRUE(handler.requests.empty()) << "the budget holds both without evicting";
+  EXPECT_EQ(allocator->GetStats().reserved_bytes.current, int64_t(10 * kKiB));
+  DTR_ASSERT_OK(allocator->Free(gradient));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+// Note [Resizing a nearby cached segment]: a miss turns a whole cached segment of at most twice
+// or at least half the request into the requested block, and maps a new one otherwise.
+TEST(RetryLadderTest, AMissResizesACachedSegmentOfANearbySize) {
+  FakeBackend backend;
+  backend.set_resizable(true);
+  AllocatorConfig config;
+  OneSegmentPerBlock(config);
+  auto allocator = MakeAllocator(config, &backend);
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(8 * kKiB)));
+  void* shrunk = *allocator->Allocate(6 * kKiB);  // 8 KiB <= 2 x 6 KiB: shrunk in place
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_allocs, 1);
+  EXPECT_EQ(stats.num_segment_resizes, 1);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(6 * kKiB));
+  DTR_ASSERT_OK(allocator->Free(shrunk));
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(10 * kKiB)));  // 6 KiB >= 10 KiB / 2: grown
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_allocs, 1);
+  EXPECT_EQ(stats.num_segment_resizes, 2);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(10 * kKiB));
+  void* small = *allocator->Allocate(2 * kKiB);  // 10 KiB is more than twice 2 KiB: left alone
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_allocs, 2);
+  EXPECT_EQ(stats.num_segment_resizes, 2);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(12 * kKiB));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  // Growing stays within the budget: 2 KiB in use and the 10 KiB cached segment grown to 11 KiB
+  // would be 13 KiB.
+  DTR_ASSERT_OK(allocator->SetBudget(12 * kKiB));
+  absl::StatusOr<void*> p = allocator->Allocate(11 * kKiB);
+  EXPECT_FALSE(p.ok());
+  stats = allocator->GetStats();
+  EXPECT_LE(stats.reserved_bytes.peak, int64_t(12 * kKiB));
+  EXPECT_EQ(stats.num_segment_resizes, 2);
+  DTR_ASSERT_OK(allocator->Free(small));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+// Note [Undone resizes]: a resize whose old size is asked for again sooner than the segment had
+// sat idle stops resizing, but for a cache holding more than the peak in use.
+TEST(RetryLadderTest, ResizingStopsWhenTheSizeTakenIsAskedForAgainSoon) {
+  FakeBackend backend;
+  backend.set_resizable(true);
+  AllocatorConfig config;
+  OneSegmentPerBlock(config);
+  auto allocator = MakeAllocator(config, &backend);
+  void* a = *allocator->Allocate(8 * kKiB);  // hand-out 1
+  void* b = *allocator->Allocate(1 * kKiB);  // 2
+  void* c = *allocator->Allocate(1 * kKiB);  // 3
+  DTR_ASSERT_OK(allocator->Free(a));
+  void* d = *allocator->Allocate(6 * kKiB);  // resizes the 8 KiB segment, idle 2 hand-outs
+  EXPECT_EQ(allocator->GetStats().num_segment_resizes, 1);
+  void* e = *allocator->Allocate(8 * kKiB);  // 1 hand-out later: the resize is undone
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 1);
+  EXPECT_EQ(stats.num_segment_allocs, 4);
+  DTR_ASSERT_OK(allocator->Free(d));
+  void* f = *allocator->Allocate(5 * kKiB);  // the 6 KiB segment would do, but resizing stopped
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 1);
+  EXPECT_EQ(stats.num_segment_allocs, 5);
+  DTR_ASSERT_OK(allocator->Free(f));
+  allocator->ResetPeakStats();               // 11 KiB cached, more than the 10 KiB in use
+  void* g = *allocator->Allocate(4 * kKiB);  // so the 5 KiB one is shrunk all the same
+  stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 2);
+  EXPECT_EQ(stats.num_segment_allocs, 5);
+  EXPECT_EQ(stats.num_cache_flushes, 0);
+  for (void* ptr : {b, c, e, g}) DTR_ASSERT_OK(allocator->Free(ptr));
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
