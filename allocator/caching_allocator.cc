@@ -476,9 +476,13 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
 void* CachingAllocator::ResizeNearbyCachedSegmentLocked(size_t rounded, size_t requested, Pool pool,
                                                         Stream stream) {
   const size_t segment_size = sizes_.MinimalSegmentSize(rounded);
+  // Only where a segment holds one block (AllocatorConfig::SegmentPerBlock): a larger segment
+  // would be split by the hand-out, leaving the remnant Note [Exact reuse] rules out.
+  if (segment_size != rounded) return nullptr;
   const FreeBlocks& free = free_blocks_[static_cast<int>(pool)];
   auto resizable = [&](const Block* b) {
-    return b != nullptr && b->segment->releasable && backend_->CanResize(b->size, segment_size);
+    return b != nullptr && b->segment->releasable && b->size != segment_size &&
+           backend_->CanResize(b->size, segment_size);
   };
   Block* chosen = free.SmallestFitting(stream, segment_size);
   if (!resizable(chosen) || chosen->size / 2 > segment_size) {
@@ -491,7 +495,9 @@ void* CachingAllocator::ResizeNearbyCachedSegmentLocked(size_t rounded, size_t r
   Segment* segment = chosen->segment;
   absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), segment->size, segment_size);
   if (!memory.ok()) return nullptr;  // the segment is still there, as it was
-  resize_gate_.OnResize(segment->size, segment->last_hand_out, hand_out_clock_);
+  // Note [Undone resizes]: its size was still wanted if asked for again within the time the
+  // segment had gone without a hand-out.
+  resize_gate_.OnResize(segment->size, hand_out_clock_ - segment->last_hand_out, hand_out_clock_);
   ForgetSegmentLocked(segment);
   ++stats_.num_segment_resizes;
   return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
@@ -697,6 +703,7 @@ void CachingAllocator::EmptyCache() {
   std::lock_guard<std::mutex> lock(mu_);
   ProcessEventsLocked();
   ReleaseCachedSegmentsLocked();
+  resize_gate_.Reset();  // Note [Undone resizes]: maybe another phase of the run
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -517,37 +517,57 @@ TEST(RetryLadderTest, AMissResizesACachedSegmentOfANearbySize) {
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
-// Note [Undone resizes]: a resize whose old size is asked for again sooner than the segment had
-// sat idle stops resizing, but for a cache holding more than the peak in use.
-TEST(RetryLadderTest, ResizingStopsWhenTheSizeTakenIsAskedForAgainSoon) {
+// Note [Undone resizes]: resizes whose old sizes are asked for again sooner than their segments
+// had gone unused stop resizing, but for a cache holding more than the peak in use.
+TEST(RetryLadderTest, ResizingStopsWhenTheSizesTakenAreAskedForAgainSoon) {
   FakeBackend backend;
   backend.set_resizable(true);
   AllocatorConfig config;
   OneSegmentPerBlock(config);
   auto allocator = MakeAllocator(config, &backend);
-  void* a = *allocator->Allocate(8 * kKiB);  // hand-out 1
-  void* b = *allocator->Allocate(1 * kKiB);  // 2
-  void* c = *allocator->Allocate(1 * kKiB);  // 3
-  DTR_ASSERT_OK(allocator->Free(a));
-  void* d = *allocator->Allocate(6 * kKiB);  // resizes the 8 KiB segment, idle 2 hand-outs
+  std::vector<void*> held;
+  // Frees a segment of kib + 2 KiB, asks for kib KiB (served by resizing it, if the gate lets it),
+  // then for kib + 2 KiB again one hand-out later.
+  auto take_and_ask_again = [&](size_t kib) {
+    void* taken = *allocator->Allocate((kib + 2) * kKiB);
+    held.push_back(*allocator->Allocate(1 * kKiB));
+    ASSERT_TRUE(allocator->Free(taken).ok());
+    held.push_back(*allocator->Allocate(kib * kKiB));
+    held.push_back(*allocator->Allocate((kib + 2) * kKiB));
+  };
+  take_and_ask_again(6);
   EXPECT_EQ(allocator->GetStats().num_segment_resizes, 1);
-  void* e = *allocator->Allocate(8 * kKiB);  // 1 hand-out later: the resize is undone
+  take_and_ask_again(30);
   AllocatorStats stats = allocator->GetStats();
-  EXPECT_EQ(stats.num_segment_resizes, 1);
-  EXPECT_EQ(stats.num_segment_allocs, 4);
-  DTR_ASSERT_OK(allocator->Free(d));
-  void* f = *allocator->Allocate(5 * kKiB);  // the 6 KiB segment would do, but resizing stopped
-  stats = allocator->GetStats();
-  EXPECT_EQ(stats.num_segment_resizes, 1);
-  EXPECT_EQ(stats.num_segment_allocs, 5);
-  DTR_ASSERT_OK(allocator->Free(f));
-  allocator->ResetPeakStats();               // 11 KiB cached, more than the 10 KiB in use
-  void* g = *allocator->Allocate(4 * kKiB);  // so the 5 KiB one is shrunk all the same
+  EXPECT_EQ(stats.num_segment_resizes, 1) << "the resize was undone: stopped";
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  // With more cached than the peak in use, a nearby segment is resized all the same.
+  for (void* p : held) DTR_ASSERT_OK(allocator->Free(p));
+  allocator->ResetPeakStats();
+  void* p = *allocator->Allocate(31 * kKiB);  // a cached 32 KiB segment, shrunk
   stats = allocator->GetStats();
   EXPECT_EQ(stats.num_segment_resizes, 2);
-  EXPECT_EQ(stats.num_segment_allocs, 5);
   EXPECT_EQ(stats.num_cache_flushes, 0);
-  for (void* ptr : {b, c, e, g}) DTR_ASSERT_OK(allocator->Free(ptr));
+  DTR_ASSERT_OK(allocator->Free(p));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+// Note [Resizing a nearby cached segment] holds only where a segment is one block: with the
+// default size classes a small request's segment is 2 MiB, which a resize would hand out split.
+TEST(RetryLadderTest, NoResizeWhereASegmentHoldsManyBlocks) {
+  FakeBackend backend;
+  backend.set_resizable(true);
+  AllocatorConfig config;
+  config.exact_reuse = true;
+  auto allocator = MakeAllocator(config, &backend);
+  void* large = *allocator->Allocate(12 * kMiB);  // a segment of its own; the peak stays above the cache
+  DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(1 * kKiB)));  // a 2 MiB small segment, cached
+  void* other = *allocator->Allocate(2 * kKiB);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_resizes, 0);
+  EXPECT_EQ(stats.segment_count.current, 3) << "the cached segment was split";
+  DTR_ASSERT_OK(allocator->Free(other));
+  DTR_ASSERT_OK(allocator->Free(large));
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
