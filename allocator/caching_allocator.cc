@@ -441,9 +441,14 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
     chosen = largest;
   }
   if (chosen == nullptr) return nullptr;
-  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(chosen->base), chosen->size, segment_size);
+  return ResizeSegmentIntoBlockLocked(chosen, segment_size, rounded, requested, pool, stream);
+}
+
+void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t segment_size, size_t rounded,
+                                                     size_t requested, Pool pool, Stream stream) {
+  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), segment->size, segment_size);
   if (!memory.ok()) return nullptr;  // the segment is still there, as it was
-  ForgetSegmentLocked(chosen);
+  ForgetSegmentLocked(segment);
   ++stats_.num_segment_resizes;
   return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
 }
@@ -492,15 +497,14 @@ void* CachingAllocator::ResizeNearbyCachedSegmentLocked(size_t rounded, size_t r
     const size_t others = static_cast<size_t>(stats_.reserved_bytes.current) - chosen->size;
     if (segment_size > budget_bytes_ || others > budget_bytes_ - segment_size) return nullptr;
   }
-  Segment* segment = chosen->segment;
-  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), segment->size, segment_size);
-  if (!memory.ok()) return nullptr;  // the segment is still there, as it was
+  const size_t old_size = chosen->size;
+  const uint64_t now = hand_out_clock_;
+  const uint64_t unused_for = now - chosen->segment->last_hand_out;
+  void* ptr = ResizeSegmentIntoBlockLocked(chosen->segment, segment_size, rounded, requested, pool, stream);
   // Note [Undone resizes]: its size was still wanted if asked for again within the time the
   // segment had gone without a hand-out.
-  resize_gate_.OnResize(segment->size, hand_out_clock_ - segment->last_hand_out, hand_out_clock_);
-  ForgetSegmentLocked(segment);
-  ++stats_.num_segment_resizes;
-  return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
+  if (ptr != nullptr) resize_gate_.OnResize(old_size, unused_for, now);
+  return ptr;
 }
 
 void* CachingAllocator::HandOutLocked(Block* block, size_t rounded, size_t requested) {

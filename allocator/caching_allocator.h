@@ -177,6 +177,10 @@ class CachingAllocator {
   // cannot resize.
   void* ResizeNearbyCachedSegmentLocked(size_t rounded, size_t requested, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resizes a fully free cached segment (backend Resize) into a segment of `segment_size` holding
+  // the requested block, handed out; null, with the segment left as it was, if the backend fails.
+  void* ResizeSegmentIntoBlockLocked(Segment* segment, size_t segment_size, size_t rounded, size_t requested,
+                                     Pool pool, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
   // needs]) enough for at least `at_least` bytes; returns the bytes released.
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)

@@ -457,6 +457,14 @@ TEST(RetryLadderTest, ExactReuseNeverSplitsACachedBlock) {
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
+// OneSegmentPerBlock over a backend that can resize segments (HostBackend's mremap).
+std::unique_ptr<CachingAllocator> ResizableSegmentPerBlock(FakeBackend& backend) {
+  backend.set_resizable(true);
+  AllocatorConfig config;
+  OneSegmentPerBlock(config);
+  return MakeAllocator(config, &backend);
+}
+
 // Note [Exact reuse]: a long-lived block allocated with no budget (a gradient, made after the
 // forward's activations were freed) gets a segment of its own, so the budget set afterwards can
 // hold the activation again without evicting anything. Splitting the activation's segment left
@@ -483,10 +491,7 @@ TEST(RetryLadderTest, ABudgetSetLaterIsNotLostToRemnants) {
 // or at least half the request into the requested block, and maps a new one otherwise.
 TEST(RetryLadderTest, AMissResizesACachedSegmentOfANearbySize) {
   FakeBackend backend;
-  backend.set_resizable(true);
-  AllocatorConfig config;
-  OneSegmentPerBlock(config);
-  auto allocator = MakeAllocator(config, &backend);
+  auto allocator = ResizableSegmentPerBlock(backend);
   DTR_ASSERT_OK(allocator->Free(*allocator->Allocate(8 * kKiB)));
   void* shrunk = *allocator->Allocate(6 * kKiB);  // 8 KiB <= 2 x 6 KiB: shrunk in place
   AllocatorStats stats = allocator->GetStats();
@@ -521,10 +526,7 @@ TEST(RetryLadderTest, AMissResizesACachedSegmentOfANearbySize) {
 // had gone unused stop resizing, but for a cache holding more than the peak in use.
 TEST(RetryLadderTest, ResizingStopsWhenTheSizesTakenAreAskedForAgainSoon) {
   FakeBackend backend;
-  backend.set_resizable(true);
-  AllocatorConfig config;
-  OneSegmentPerBlock(config);
-  auto allocator = MakeAllocator(config, &backend);
+  auto allocator = ResizableSegmentPerBlock(backend);
   std::vector<void*> held;
   // Frees a segment of kib + 2 KiB, asks for kib KiB (served by resizing it, if the gate lets it),
   // then for kib + 2 KiB again one hand-out later.
