@@ -71,7 +71,7 @@ absl::Status Engine::Init() {
 }
 
 void Engine::PinTensor(const at::Tensor& t, bool pin) {
-  if (!t.defined() || !Manageable(t)) return;
+  if (!t.defined() || !SharesOurMemory(t)) return;
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   Entry* e = EntryOf(t, pin);
@@ -303,6 +303,19 @@ Entry* Engine::NewEntry(StorageId sid, c10::StorageImpl* impl, size_t nbytes) {
 // written by ops, like dtr's, and stays a replay source.
 // A raw pointer (data_ptr()) or a serialization (torch.save, pickle) handed out only needs the
 // bytes resident and valid: `kept_resident` holds one runtime pin for the storage's life.
+//
+// Note [Raw access through a subclass]
+// A tensor subclass shares its storage with the tensor it was made from. One that only
+// overrides __torch_function__ (torchvision's tv_tensors.Image, a user's `class T(torch.Tensor)`)
+// runs its ops through dtr like a plain tensor, so its storage is recorded and evicted like any
+// other; one with __torch_dispatch__ made by as_subclass or _make_subclass (the Python key) is
+// never recorded, but may share a storage that is. Until stop 63 the Python hooks skipped every
+// subclass, so `img.numpy()` handed out a writable view of memory dtr then evicted: a write
+// through it was lost and a read saw freed memory (tests/hooks/test_fidelity.py,
+// test_raw_access_through_a_subclass_keeps_its_storage). Now pins and exposures act on every
+// tensor whose memory dtr's allocator handed out (SharesOurMemory), whatever its Python type; the
+// hooks call them with the subclass's __torch_function__ and __torch_dispatch__ disabled. A
+// wrapper subclass (DTensor, FakeTensor) holds no memory of dtr's and is left alone.
 static c10::DeleterFnPtr DefaultCpuDeleter() {
   static const c10::DeleterFnPtr deleter = [] {
     c10::DataPtr probe = c10::GetDefaultCPUAllocator()->allocate(1);
@@ -320,7 +333,7 @@ bool Engine::TorchOwnsMemory(const c10::DataPtr& dp) {
 }
 
 void Engine::ExposeTensor(const at::Tensor& t, bool writable) {
-  if (!t.defined() || !Manageable(t)) return;
+  if (!t.defined() || !SharesOurMemory(t)) return;
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   if (runtime_untrusted()) return;  // Note [fork]; while paused exposures count (Note [Ops while paused])
   Busy b(this);

@@ -259,6 +259,16 @@ class Engine final : public ReplayBackend,
            (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) && t.layout() == c10::kStrided &&
            !t.is_quantized() && !t.is_nested();
   }
+  // What a pin or an exposure acts on (Note [Raw access through a subclass], engine.cc): a
+  // manageable tensor, or a Python-key subclass that shares a storage of dtr's memory.
+  bool SharesOurMemory(const at::Tensor& t) const {
+    if (Manageable(t)) return true;
+    if (!t.key_set().has(c10::DispatchKey::Python) || !t.has_storage() || t.layout() != c10::kStrided ||
+        t.is_quantized() || t.is_nested() || !(managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()))
+      return false;
+    // unsafe_storage: a wrapper subclass (DTensor) throws on storage(); its storage holds nothing.
+    return IsOurs(t.unsafeGetTensorImpl()->unsafe_storage().data_ptr());
+  }
   // Note [Host operands of CUDA ops]: managing CUDA memory, a dense CPU tensor an op reads or
   // returns is not dtr's memory. Read (and not written), it is kept by value in the record when
   // small: Python numbers that became CPU tensors (x * 0.5), the Philox seed and offset that

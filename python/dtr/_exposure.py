@@ -23,10 +23,22 @@ import sys
 _installed = False
 
 
-def _plain(t):
+def _on_storage(op, t, *args):
+    """Runs dtr's `op` (expose, pin, unpin) on tensor t, for the storage behind it.
+
+    A subclass shares its storage with the tensor it was made from, and dtr may have recorded
+    that storage (a __torch_function__-only subclass such as torchvision's tv_tensors runs its ops
+    through dtr like a plain tensor): dtr's side decides whether the memory is its own (Note [Raw
+    access through a subclass], hooks/engine.cc), with the subclass's __torch_function__ and
+    __torch_dispatch__ kept from seeing dtr's op. A wrapper subclass (DTensor, FakeTensor) holds
+    none of dtr's memory and is left alone there."""
     import torch
-    # Subclasses (FakeTensor, DTensor, functional wrappers) are not dtr's: it never records them.
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type in ("cpu", "cuda")
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        if t.device.type in ("cpu", "cuda"):
+            op(t, *args)
+        return
+    with torch._C.DisableTorchFunctionSubclass(), torch._C._DisableTorchDispatch():
+        op(t, *args)
 
 
 def _writable_for_caller(frame):
@@ -51,21 +63,18 @@ def install():
     def exposing(original, writable):
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            if _plain(self):
-                expose(self, writable)
+            _on_storage(expose, self, writable)
             return original(self, *args, **kwargs)
         return wrapper
 
     def pinned_during(original):
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            if not _plain(self):
-                return original(self, *args, **kwargs)
-            pin(self)
+            _on_storage(pin, self)
             try:
                 return original(self, *args, **kwargs)
             finally:
-                unpin(self)
+                _on_storage(unpin, self)
         return wrapper
 
     def materialized_first(original):
@@ -75,9 +84,8 @@ def install():
         # (torch: "invalid python storage"), never read stale bytes.
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            if _plain(self):
-                pin(self)
-                unpin(self)
+            _on_storage(pin, self)
+            _on_storage(unpin, self)
             return original(self, *args, **kwargs)
         return wrapper
 
@@ -88,16 +96,15 @@ def install():
     def callback_writer(original):
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            others = [a for a in args if isinstance(a, torch.Tensor) and _plain(a)]
-            if _plain(self):
-                expose(self, True)
+            others = [a for a in args if isinstance(a, torch.Tensor)]
+            _on_storage(expose, self, True)
             for a in others:
-                pin(a)
+                _on_storage(pin, a)
             try:
                 return original(self, *args, **kwargs)
             finally:
                 for a in others:
-                    unpin(a)
+                    _on_storage(unpin, a)
         return wrapper
 
     for name in ("apply_", "map_", "map2_"):
@@ -108,8 +115,7 @@ def install():
 
     @functools.wraps(original_data_ptr)
     def data_ptr(self):
-        if _plain(self):
-            expose(self, _writable_for_caller(sys._getframe(1)))
+        _on_storage(expose, self, _writable_for_caller(sys._getframe(1)))
         return original_data_ptr(self)
 
     T.data_ptr = data_ptr

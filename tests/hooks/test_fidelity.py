@@ -96,6 +96,59 @@ def test_exposed_memory_is_pinned_and_reported():
     assert st["evicted_bytes"] >= 64 * 64 * 4, st  # c was evicted; a and b were not
 
 
+SUBCLASSES = (
+    "import json, torch, dtr\n"
+    "from torch.utils._pytree import tree_map\n"
+    "class Tagged(torch.Tensor):\n"            # __torch_function__ only, as torchvision's tv_tensors
+    "    pass\n"
+    "class Logged(torch.Tensor):\n"            # __torch_dispatch__: the Python key
+    "    @classmethod\n"
+    "    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):\n"
+    "        plain = lambda x: x.as_subclass(torch.Tensor) if isinstance(x, Logged) else x\n"
+    "        return func(*tree_map(plain, args), **tree_map(plain, kwargs or {}))\n"
+    "class Wrapper(torch.Tensor):\n"           # a wrapper subclass: none of dtr's memory
+    "    @staticmethod\n"
+    "    def __new__(cls, elem):\n"
+    "        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)\n"
+    "    def __init__(self, elem):\n"
+    "        self.elem = elem\n"
+    "    @classmethod\n"
+    "    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):\n"
+    "        unwrap = lambda x: x.elem if isinstance(x, Wrapper) else x\n"
+    "        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))\n")
+
+
+def test_raw_access_through_a_subclass_keeps_its_storage():
+    """Note [Raw access through a subclass] (hooks/engine.cc): a numpy view or a raw pointer taken
+    through a subclass that shares a recorded storage keeps that storage resident and its writes
+    seen, and a read that finishes in the call (tolist) reads an evicted one's right values; a
+    wrapper subclass is left alone. Before, every subclass was skipped: the write through the view
+    was lost when the storage was evicted and brought back."""
+    code = SUBCLASSES + (
+        "a = torch.ones(64, 64) * 2\n"                 # 16 KiB, recorded
+        "view = a.as_subclass(Tagged).numpy()\n"
+        "b = torch.ones(64, 64) * 3\n"
+        "ptr = b.as_subclass(Logged).data_ptr()\n"     # a raw pointer: b stays resident
+        "c = (torch.ones(32, 32) * 5).as_subclass(Tagged)\n"
+        "w = Wrapper(torch.ones(16, 16) * 7)\n"
+        "w_ptr = w.data_ptr()\n"
+        "try: torch.ops.dtr.set_budget(1)\n"
+        "except Exception: pass\n"
+        "torch.ops.dtr.set_budget(0)\n"
+        "st = dtr.stats()\n"
+        "view[:] = 9\n"
+        "remats = st['rematerializations']\n"
+        "c_values = c.tolist()\n"                     # evicted: brought back for the read
+        "print(json.dumps(dict(exposed=st['unevictable_bytes']['exposed'], evicted=st['evicted_bytes'],\n"
+        "                      a=float(a.sum()), c=sum(map(sum, c_values)), w=float((w * 1).sum()),\n"
+        "                      remats=dtr.stats()['rematerializations'] - remats)))\n")
+    r = last_json(run([PY, "-c", code], preload=True, DTR_BUDGET=NEVER_BINDS))
+    assert r["exposed"] == 2 * 64 * 64 * 4, r     # a and b; never the wrapper
+    assert r["a"] == 9 * 64 * 64, r               # the write through the view reached a
+    assert r["evicted"] >= 32 * 32 * 4 and r["remats"] >= 1, r
+    assert r["c"] == 5 * 32 * 32 and r["w"] == 7 * 16 * 16, r
+
+
 def test_an_empty_storage_does_not_make_its_readers_unrecordable():
     """An empty storage has no bytes that could change: an op reading an empty numpy array (on
     CUDA, cuDNN batch norm's empty reserve space, a null DataPtr) is recorded, so its output is
