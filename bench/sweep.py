@@ -37,6 +37,9 @@ DEFAULT_RATIOS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 QUICK_RATIOS = [1.0, 0.7, 0.5]
 FINE_STEP = 0.025
 FINE_COUNT = 3
+# Note [Alternated step checks]: the largest steps are measured again, alternated.
+STEP_CHECK_ROUNDS = 3
+MAX_STEP_CHECKS = 3
 # Issue 16 item 2 bounds the step between budgets FINE_STEP of the peak apart: the first
 # heuristic (dtr) is measured at every such budget from 1.0 down until one fails.
 FINE_RATIOS = [round(1.0 - k * FINE_STEP, 4) for k in range(int(round(0.9 / FINE_STEP)) + 1)]  # 1.0 .. 0.1
@@ -140,22 +143,29 @@ def identical(block, ref):
     return block["losses"] == ref["losses"] and block["param_digest"] == ref["param_digest"]
 
 
-def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
+def never_binding_budget(runner):
+    """DTR_BUDGET for the preloaded runs: recording from the start (Note [Recording starts with a
+    budget]), as a run under DTR_BUDGET does, with torch.ops.dtr.set_budget setting each block's
+    budget. On a GPU smaller than 1 TiB that budget is refused: all of the device's memory."""
+    return "1.0" if getattr(runner.args, "device", "cpu") == "cuda" else NON_BINDING_BUDGET
+
+
+def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios, edge_probe=None):
     """Budgets ratio*base, downward, until one fails; then FINE_STEP refinements below the last
-    that worked (in a fresh process: the failed one may have died mid-step)."""
+    that worked (in a fresh process: the failed one may have died mid-step). With `edge_probe` (a
+    dict), when the failure is FINE_STEP below the last budget that worked, the budget halfway
+    between is run too, in a fresh process, and its block goes into edge_probe["block"]: a budget
+    that trains there only by thrashing is a cliff the steps of FINE_STEP step over."""
     max_s = runner.args.max_slowdown * plain_s
     points, failures, errors = [], [], []
 
     def run(rs):
         blocks = [{"variant": "model", "budget": int(round(r * base)), "ratio": r, "label": f"{r:g}"} for r in rs]
         try:
-            # Recording from the start (Note [Recording starts with a budget]), as a run under
-            # DTR_BUDGET does: the batches step_worker makes before the first block are then
-            # recorded, evictable until their step reads them.
-            # (On a GPU smaller than 1 TiB that budget is refused: all of the device's memory.)
-            never_binds = "1.0" if getattr(runner.args, "device", "cpu") == "cuda" else NON_BINDING_BUDGET
+            # The batches step_worker makes before the first block are recorded, evictable until
+            # their step reads them.
             done = runner.blocks(bm.name, blocks, preload=True, max_step_seconds=max_s, DTR_HEURISTIC=heuristic,
-                                 DTR_BUDGET=never_binds)
+                                 DTR_BUDGET=never_binding_budget(runner))
         except WorkerError as e:
             # The budgets measured before the crash stand; the crash is the next budget's failure.
             done = [o for o in e.lines if "event" not in o]
@@ -180,7 +190,65 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios):
         fine = [r for r in fine if r > bad + 1e-9]
         if fine:
             run(fine)
+    failed_below = [f["ratio"] for f in failures if "ratio" in f]
+    if edge_probe is not None and points and failed_below:
+        last_ok = min(p["ratio"] for p in points)
+        if abs(last_ok - max(failed_below) - FINE_STEP) < 1e-6:
+            kept_points, kept_failures = len(points), len(failures)
+            run([round(last_ok - FINE_STEP / 2, 4)])
+            probed = points[kept_points:] + failures[kept_failures:]
+            del points[kept_points:], failures[kept_failures:]
+            if probed:
+                edge_probe["block"] = probed[0]
     return points, failures, errors
+
+
+def median(values):
+    v = sorted(values)
+    return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
+
+
+def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_STEP_CHECKS):
+    """Note [Alternated step checks]: the sweep measures each budget once, in one process, one
+    after the other, and on a shared machine a single measurement moves by tens of percent, so the
+    largest step of FINE_STEP is measured again: its two budgets alternated `rounds` times, each
+    in a fresh process, the step being the ratio of their median step times. When the check makes
+    the step smaller than another step the sweep measured, that one is checked next, up to `most`
+    steps, so the reported largest step is a checked one unless `most` ran out. Returns the checks,
+    each {"above", "below", "sweep_ratio", "ratio", "above_seconds", "below_seconds"}, or with
+    "failure" instead of "ratio" when a run of it failed (its step then stays the sweep's)."""
+    a = runner.args
+    checks = []
+    while len(checks) < most:
+        hi, lo, r, check = largest_step(points, checks)
+        if check is not None or r is None:
+            break  # the largest step is a checked one (or there is none)
+        seconds = {hi: [], lo: []}
+        failure = None
+        for _ in range(rounds):
+            for ratio in (hi, lo):
+                block = {"variant": "model", "budget": int(round(ratio * base)), "ratio": ratio, "label": f"{ratio:g}"}
+                try:
+                    done = runner.blocks(bm.name, [block], preload=True, DTR_HEURISTIC=heuristic,
+                                         DTR_BUDGET=never_binding_budget(runner))
+                except WorkerError as e:
+                    done = [{"status": "error", "message": str(e).splitlines()[0]}]
+                if not done or done[0]["status"] != "ok":
+                    failure = dict(done[0] if done else {"status": "error"}, ratio=ratio)
+                    break
+                seconds[ratio].append(step_time(done[0], a))
+            if failure:
+                break
+        check = {"above": hi, "below": lo, "sweep_ratio": r, "above_seconds": seconds[hi], "below_seconds": seconds[lo]}
+        if failure:
+            check["failure"] = {k: failure[k] for k in ("status", "message", "ratio") if k in failure}
+            log(f"{bm.name}: the check of {hi:g} -> {lo:g} failed at {failure['ratio']:g}: {failure['status']}")
+            checks.append(check)
+            break  # a budget the sweep trained failed in a fresh process: the sweep's step stands
+        check["ratio"] = median(seconds[lo]) / median(seconds[hi])
+        log(f"{bm.name}: {hi:g} -> {lo:g}: {r:.2f} times in the sweep, {check['ratio']:.2f} alternated {rounds} times")
+        checks.append(check)
+    return checks
 
 
 def real_runs(runner, bm):
@@ -215,7 +283,11 @@ def real_runs(runner, bm):
             log(f"{bm.name}: {h} sweep")
             try:
                 ratios = a.fine_ratios if h == a.heuristics[0] and a.fine_ratios else a.ratios
-                pts, fail, errs = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, ratios)
+                probe = {} if h == a.heuristics[0] and a.fine_ratios else None
+                pts, fail, errs = sweep_heuristic(runner, bm, h, res["base_bytes"], step_time(ref, a), ref, ratios,
+                                                  edge_probe=probe)
+                if probe:
+                    res["edge_probe"] = probe["block"]
                 res["errors"] += errs
             except WorkerError as e:
                 res["errors"].append(str(e))
@@ -231,6 +303,8 @@ def real_runs(runner, bm):
     # Time ratios against the better of the two plain measurements (never flatters dtr).
     p, pw = res["plain_step_seconds"], res["plain_wall_step_seconds"]
     extra = [b for b in (res["unlimited"], res["non_binding"]) if b]
+    if (res.get("edge_probe") or {}).get("status") == "ok":
+        extra.append(res["edge_probe"])
     for b in [b for pts in res["sweeps"].values() for b in pts] + extra:
         b["time_ratio"] = step_time(b, a) / p
         b["wall_time_ratio"] = b["median_step_seconds"] / pw
@@ -242,6 +316,10 @@ def real_runs(runner, bm):
     ck = res["checkpoint_unlimited"]
     if ck and res["base_bytes"]:
         res["checkpoint_memory_ratio"] = ck["peak_allocated_bytes"] / res["base_bytes"]
+    h0 = a.heuristics[0]
+    if a.fine_ratios and a.step_checks and res["sweeps"].get(h0):
+        log(f"{bm.name}: the largest steps of {FINE_STEP:g}, alternated {a.step_checks} times")
+        res["step_checks"] = check_largest_steps(runner, bm, h0, res["base_bytes"], res["sweeps"][h0], a.step_checks)
     if a.device == "cuda":
         # Plain peaks from torch.cuda; without a dtr that manages CUDA memory they are the base.
         res["plain_peak_allocated_bytes"] = ref.get("peak_allocated_bytes")
@@ -882,16 +960,51 @@ def fine_steps(points):
             if abs(a["ratio"] - b["ratio"] - FINE_STEP) < 1e-6]
 
 
-def step_cell(points):
-    """The largest step of FINE_STEP, and whether every one down to the smallest working budget ran."""
+def largest_step(points, checks=()):
+    """(ratio above, ratio below, time below / time above, its check or None) of the largest step
+    of FINE_STEP, a step with a successful check counting by it (Note [Alternated step checks]);
+    (None, None, None, None) when no two budgets FINE_STEP apart were measured."""
+    by_pair = {(c["above"], c["below"]): c for c in checks if "ratio" in c}
+    steps = [(hi, lo, by_pair[(hi, lo)]["ratio"], by_pair[(hi, lo)]) if (hi, lo) in by_pair else (hi, lo, r, None)
+             for hi, lo, r in fine_steps(points)]
+    return max(steps, key=lambda s: s[2]) if steps else (None, None, None, None)
+
+
+def step_cell(points, checks=(), edge_probe=None):
+    """The largest step of FINE_STEP, how it was measured, whether every one down to the smallest
+    working budget ran, and what the budget halfway below the smallest working one did."""
     steps = fine_steps(points)
     if not steps:
         return "—"
-    hi, lo, r = max(steps, key=lambda s: s[2])
+    below = ""
+    if edge_probe:
+        low_point = min(points, key=lambda p: p["ratio"])
+        if edge_probe.get("status") == "ok":
+            below = (f"; halfway below, {edge_probe['ratio']:g}: {edge_probe['time_ratio']:.2f}×, "
+                     f"{edge_probe['time_ratio'] / low_point['time_ratio']:.2f} times {low_point['ratio']:g}'s")
+        else:
+            status = {"oom": "out of memory", "too-slow": "too slow"}.get(edge_probe["status"], edge_probe["status"])
+            below = f"; halfway below, {edge_probe['ratio']:g}: {status}"
+    hi, lo, r, check = largest_step(points, checks)
+    how = ""
+    ok = [c for c in checks if "ratio" in c]
+    if check is not None:
+        n = len(check["above_seconds"])
+        how = f"; {check['sweep_ratio']:.2f} in the sweep, {r:.2f} alternated {n} times"
+    elif ok:
+        # Every step the sweep measured larger came out smaller alternated; this one was not checked.
+        how = (f"; the sweep's, its {len(ok)} larger step{'s' if len(ok) > 1 else ''} "
+               f"{min(c['ratio'] for c in ok):.2f}-{max(c['ratio'] for c in ok):.2f} alternated" if len(ok) > 1 else
+               f"; the sweep's, its larger step {ok[0]['ratio']:.2f} alternated")
+    failed = [c for c in checks if "failure" in c]
+    if failed:
+        f = failed[0]
+        how += f"; the check of {f['above']:g} → {f['below']:g} failed at {f['failure']['ratio']:g} ({f['failure']['status']})"
     top = max(p["ratio"] for p in points)
     low = min(p["ratio"] for p in points)
     total = int(round((top - low) / FINE_STEP))
-    return f"{r:.2f} times ({hi:g} → {lo:g})" + ("" if len(steps) == total else f"; {len(steps)} of {total} measured")
+    return (f"{r:.2f} times ({hi:g} → {lo:g}{how})" + ("" if len(steps) == total else f"; {len(steps)} of {total} measured")
+            + below)
 
 
 def floor_ratio(res):
@@ -925,7 +1038,7 @@ def summary_section(results, a):
         L.append(f"| {res['name']} | {secs(res['plain_step_seconds'])} | {x(u['time_ratio']) if u else '—'} | "
                  f"{x(nb1['time_ratio']) if nb1 else '—'} | {x(one['time_ratio']) if one else '—'} | {' / '.join(mins)} | {f'{fr:.2f}' if fr is not None else '—'} | "
                  f"{x(half['time_ratio']) if half else '—'} | "
-                 f"{(x(low['time_ratio']) + ' at ' + format(low['ratio'], 'g')) if low else '—'} | {step_cell(eq)} | "
+                 f"{(x(low['time_ratio']) + ' at ' + format(low['ratio'], 'g')) if low else '—'} | {step_cell(eq, res.get('step_checks') or (), res.get('edge_probe'))} | "
                  f"{ckcell} | "
                  f"{x(dck) if dck is not None else '—'} |")
     L.append("")
@@ -933,7 +1046,13 @@ def summary_section(results, a):
             "memory are of the preloaded run's peak allocated bytes with no budget. The lower bound is the "
             "trace's memory floor in dtr-sim (Note [Memory floor]: the unevictable bytes plus the largest "
             "operands of any one op, which no schedule can go below) over the trace's peak; the trace counts "
-            "exact tensor bytes, the real runs allocated blocks, so compare the two columns as fractions."]
+            "exact tensor bytes, the real runs allocated blocks, so compare the two columns as fractions.",
+            f"The largest step of {FINE_STEP:g} is the largest ratio of the step times of two budgets {FINE_STEP:g} "
+            "of the peak apart. The sweep measures each budget once, so the largest steps are measured again, "
+            "their two budgets alternated in fresh processes, and a step so checked counts by its check (Note "
+            "[Alternated step checks], bench/sweep.py). Below the smallest working budget the sweep also runs the "
+            f"budget halfway to the one that failed: a model that trains there only by thrashing has a cliff "
+            f"the steps of {FINE_STEP:g} step over."]
     eqs = [(r["name"], min(p["ratio"] for p in r["sweeps"][h0])) for r in results if r.get("sweeps", {}).get(h0)]
     if eqs:
         lo, hi = min(eqs, key=lambda e: e[1]), max(eqs, key=lambda e: e[1])
@@ -1119,6 +1238,9 @@ def parse_args(argv):
                     help="smoke run: chain and transformer, ratios 1.0/0.7/0.5, dtr, short sims (under a minute)")
     ap.add_argument("--no-sim", action="store_true", help="skip dtr-sim and the chain baselines")
     ap.add_argument("--no-refine", action="store_true", help="no finer ratios below the last that worked")
+    ap.add_argument("--step-checks", type=int, default=STEP_CHECK_ROUNDS,
+                    help="rounds in which the largest steps of the fine sweep are measured again, their two budgets "
+                         "alternated in fresh processes (default %(default)s; 0: none)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results"), help="where the report goes "
                                                                                  "(default: bench/results)")
     ap.add_argument("--build", default=os.path.join(REPO, "build"), help="CMake build dir with bin/dtr-sim and "
@@ -1162,8 +1284,8 @@ def parse_args(argv):
     a.profile_repeats = a.profile_repeats or (2 if a.quick else 5)
     if a.quick:
         a.no_refine = True
-    if a.steps < 1 or a.warmup < 0 or a.trace_steps < 1 or a.trace_warmup < 0:
-        ap.error("--steps and --trace-steps must be >= 1, --warmup and --trace-warmup >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.trace_steps < 1 or a.trace_warmup < 0 or a.step_checks < 0:
+        ap.error("--steps and --trace-steps must be >= 1, --warmup, --trace-warmup and --step-checks >= 0")
     lib = preload_library()
     if not os.path.exists(lib):
         ap.error(f"{lib} not found: reinstall dtr (scripts/setup.sh)")

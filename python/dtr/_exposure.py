@@ -31,14 +31,35 @@ def _on_storage(op, t, *args):
     through dtr like a plain tensor): dtr's side decides whether the memory is its own (Note [Raw
     access through a subclass], hooks/engine.cc), with the subclass's __torch_function__ and
     __torch_dispatch__ kept from seeing dtr's op. A wrapper subclass (DTensor, FakeTensor) holds
-    none of dtr's memory and is left alone there."""
+    none of dtr's memory and is left alone there. While torch.compile traces, a subclass is a
+    fake tensor holding no memory, and the dispatch switch would break the graph: nothing is done."""
     import torch
     if type(t) in (torch.Tensor, torch.nn.Parameter):
         if t.device.type in ("cpu", "cuda"):
             op(t, *args)
         return
+    if torch.compiler.is_compiling():
+        return
     with torch._C.DisableTorchFunctionSubclass(), torch._C._DisableTorchDispatch():
         op(t, *args)
+
+
+def _run_uncompiled(functions):
+    """Note [Hooks under torch.compile]: the wrappers are Python functions. TorchDynamo inlines
+    them where it traces a user's function (x.numpy() there traces as it does without dtr), but a
+    wrapper called from code dynamo runs for a compiled function is a frame it would compile on
+    its own, and for Tensor.numpy that loops: dynamo makes the traced numpy() a call of its
+    to_numpy_helper, which calls Tensor.numpy, the wrapper, whose compiled frame calls
+    to_numpy_helper again (RecursionError). So the wrappers' frames, and those they call, run as
+    they are. The switch lives in torch._C, so no import of dynamo (a second) is paid for it; a
+    torch without it keeps the loop. Test: tests/hooks/test_coexistence.py,
+    test_raw_access_in_compiled_functions."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:
+        return
+    for f in functions:
+        set_code_exec_strategy(f.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
 def _writable_for_caller(frame):
@@ -96,14 +117,16 @@ def install():
     def callback_writer(original):
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            others = [a for a in args if isinstance(a, torch.Tensor)]
             _on_storage(expose, self, True)
-            for a in others:
-                _on_storage(pin, a)
+            pinned = []  # unpinned even when a later pin fails (out of memory bringing it back)
             try:
+                for a in args:
+                    if isinstance(a, torch.Tensor):
+                        _on_storage(pin, a)
+                        pinned.append(a)
                 return original(self, *args, **kwargs)
             finally:
-                for a in others:
+                for a in pinned:
                     _on_storage(unpin, a)
         return wrapper
 
@@ -161,4 +184,6 @@ def install():
     reduce_tensor = materialized_first(reductions.reduce_tensor)
     for cls in (torch.Tensor, torch.nn.parameter.Parameter):
         ForkingPickler.register(cls, reduce_tensor)
+    _run_uncompiled([T.numpy, T.tolist, T.share_memory_, T.data_ptr, S.data_ptr] +
+                    [getattr(T, name) for name in ("apply_",) if hasattr(T, name)])
     _installed = True

@@ -237,3 +237,88 @@ def test_the_largest_fine_step_is_found_and_gaps_are_said():
     gap = pts([(0.4, 1.1), (0.3, 1.5), (0.275, 1.6)])  # 0.4 -> 0.3 is four steps, none measured
     assert sweep.step_cell(gap) == "1.07 times (0.3 → 0.275); 1 of 5 measured"
     assert sweep.step_cell(pts([(0.5, 1.0)])) == "—"
+
+
+def test_the_largest_steps_are_checked_alternated_until_a_checked_one_is_largest():
+    """Note [Alternated step checks]: the sweep's largest step of 0.025 is measured again, its two
+    budgets alternated in fresh processes; when the check makes it smaller than another step the
+    sweep measured, that one is checked next, and the summary reports the largest by the checks,
+    with the sweep's value beside it. A check whose run fails leaves the sweep's step standing."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+
+    pts = [{"ratio": r, "time_ratio": t} for r, t in [(0.4, 1.0), (0.375, 1.2), (0.35, 1.92), (0.325, 2.88)]]
+    # The sweep's steps: 0.4 -> 0.375 1.20, 0.375 -> 0.35 1.60, 0.35 -> 0.325 1.50.
+    truth = {0.4: 1.0, 0.375: 1.2, 0.35: 1.56, 0.325: 2.18}  # alternated: 1.30 and about 1.40
+    calls = []
+
+    class AlternatingRunner:
+        args = type("A", (), {"timer": "cpu", "device": "cpu"})()
+
+        def blocks(self, model, blocks, preload=False, **dtr):
+            assert preload and len(blocks) == 1 and dtr["DTR_HEURISTIC"] == "dtr"
+            r = blocks[0]["ratio"]
+            calls.append(r)
+            return [{"status": "ok", "ratio": r, "median_step_cpu_seconds": truth[r] * (1 + 0.01 * len(calls))}]
+
+    bm = type("B", (), {"name": "m"})()
+    checks = sweep.check_largest_steps(AlternatingRunner(), bm, "dtr", 1 << 20, pts, rounds=3)
+    assert calls == [0.375, 0.35] * 3 + [0.35, 0.325] * 3  # fresh processes, alternated
+    assert [(c["above"], c["below"]) for c in checks] == [(0.375, 0.35), (0.35, 0.325)]
+    assert checks[0]["sweep_ratio"] == 1.92 / 1.2 and 1.29 < checks[0]["ratio"] < 1.32, checks
+    assert 1.38 < checks[1]["ratio"] < 1.42 and len(checks[1]["below_seconds"]) == 3, checks
+    cell = sweep.step_cell(pts, checks)
+    assert cell.startswith(f"{checks[1]['ratio']:.2f} times (0.35 → 0.325; 1.50 in the sweep, "), cell
+    assert "alternated 3 times" in cell and "measured" not in cell, cell
+    # A budget the sweep trained that fails in a fresh process: the check stops, the sweep's step stands.
+    failing = AlternatingRunner()
+    failing.blocks = lambda model, blocks, **kw: [{"status": "oom", "ratio": blocks[0]["ratio"]}]
+    checks = sweep.check_largest_steps(failing, bm, "dtr", 1 << 20, pts, rounds=3)
+    assert len(checks) == 1 and checks[0]["failure"] == {"status": "oom", "ratio": 0.375}, checks
+    cell = sweep.step_cell(pts, checks)
+    assert cell.startswith("1.60 times (0.375 → 0.35; the check of 0.375 → 0.35 failed at 0.375 (oom)"), cell
+    # Checks that all came out smaller leave an unchecked step the largest, and the cell says so.
+    small = [{"above": 0.375, "below": 0.35, "sweep_ratio": 1.6, "ratio": 1.1, "above_seconds": [1] * 3,
+              "below_seconds": [1] * 3},
+             {"above": 0.35, "below": 0.325, "sweep_ratio": 1.5, "ratio": 1.15, "above_seconds": [1] * 3,
+              "below_seconds": [1] * 3}]
+    assert sweep.step_cell(pts, small) == "1.20 times (0.4 → 0.375; the sweep's, its 2 larger steps 1.10-1.15 alternated)"
+
+
+def test_the_budget_halfway_below_the_smallest_working_one_is_probed():
+    """A model can train at a budget between the smallest that worked and the one FINE_STEP below
+    that failed only by thrashing, a cliff the steps of FINE_STEP step over: the sweep runs that
+    budget too, in a fresh process, and the summary says what it did, without counting it a step."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+
+    ref = {"losses": [1.0], "param_digest": "p"}
+    calls = []
+
+    class Runner:
+        args = type("A", (), {"max_slowdown": 20.0, "no_refine": False})()
+
+        def blocks(self, model, blocks, **kw):
+            calls.append([b["ratio"] for b in blocks])
+            out = []
+            for b in blocks:
+                if b["ratio"] < 0.26:
+                    return out + [{"status": "oom", "ratio": b["ratio"]}]
+                out.append({"status": "ok", "ratio": b["ratio"], "losses": [1.0], "param_digest": "p"})
+            return out
+
+    bm = type("B", (), {"name": "m"})()
+    probe = {}
+    points, failures, _ = sweep.sweep_heuristic(Runner(), bm, "dtr", 1 << 20, 0.1, ref, [0.3, 0.275, 0.25, 0.225],
+                                                edge_probe=probe)
+    assert calls == [[0.3, 0.275, 0.25, 0.225], [0.2625]]
+    assert [p["ratio"] for p in points] == [0.3, 0.275] and failures == [{"status": "oom", "ratio": 0.25}]
+    assert probe["block"]["status"] == "ok" and probe["block"]["ratio"] == 0.2625 and probe["block"]["identical"]
+    pts = [{"ratio": 0.3, "time_ratio": 2.0}, {"ratio": 0.275, "time_ratio": 2.5}]
+    cell = sweep.step_cell(pts, (), dict(probe["block"], time_ratio=10.0))
+    assert cell == "1.25 times (0.3 → 0.275); halfway below, 0.2625: 10.00×, 4.00 times 0.275's", cell
+    assert sweep.step_cell(pts, (), {"status": "oom", "ratio": 0.2625}).endswith("halfway below, 0.2625: out of memory")
+    # Without edge_probe (the other heuristics), no extra run.
+    calls.clear()
+    sweep.sweep_heuristic(Runner(), bm, "lru", 1 << 20, 0.1, ref, [0.3, 0.275, 0.25])
+    assert calls == [[0.3, 0.275, 0.25]]

@@ -558,12 +558,32 @@ def compile_inductor():
     return _compiled("inductor")
 
 
+class _Tagged(torch.Tensor):
+    """A __torch_function__-only subclass, as torchvision's tv_tensors."""
+
+
+def compile_raw_access():
+    """Raw access inside compiled functions: dynamo traces dtr's Python hooks (dtr/_exposure.py)
+    where they are called in a traced function, and never compiles them on their own (Note [Hooks
+    under torch.compile]): a compiled x.numpy() looped until RecursionError under dtr."""
+    torch.manual_seed(14)
+    x = torch.randn(4, 8) * 1.0
+    as_numpy = torch.compile(lambda t: (t * 2).numpy(), backend="eager")
+    pool = torch.compile(lambda t: F.max_pool1d(t, 2) + 1, backend="eager", fullgraph=True)
+    y = x.exp()
+    evict_all()
+    a = as_numpy(x)
+    p = pool(x.as_subclass(_Tagged))
+    return {"numpy": a.tolist(), "pool": dg(p.as_subclass(torch.Tensor)), "pool_type": type(p).__name__, "y": dg(y)}
+
+
 SCENARIOS = dict(checkpoint_reentrant=checkpoint_reentrant, checkpoint_nonreentrant=checkpoint_nonreentrant,
                  cond=cond, func_vmap_grad=func_vmap_grad, fake_meta=fake_meta,
                  fake_from_real=fake_from_real, dispatch_mode=dispatch_mode, subclass=subclass,
                  nested_strided=nested_strided, nested_jagged=nested_jagged, sparse=sparse,
                  sparse_evicted_operand=sparse_evicted_operand, quantized=quantized, compile_eager=compile_eager,
-                 compile_aot_eager=compile_aot_eager, compile_inductor=compile_inductor)
+                 compile_aot_eager=compile_aot_eager, compile_inductor=compile_inductor,
+                 compile_raw_access=compile_raw_access)
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

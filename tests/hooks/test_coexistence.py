@@ -158,3 +158,11 @@ def test_torch_compile(backend, tmp_path):
     _plain[name] = first
     res = under_dtr(name, **env(3))
     assert len(res["out"]["losses"]) == 3
+
+
+def test_raw_access_in_compiled_functions():
+    """A compiled function returning x.numpy() and a fullgraph F.max_pool1d on a
+    __torch_function__ subclass give the plain run's results under dtr (Note [Hooks under
+    torch.compile], dtr/_exposure.py); the compiled numpy() looped until RecursionError before."""
+    res = under_dtr("compile_raw_access")
+    assert res["out"]["pool_type"] == "_Tagged" and len(res["out"]["numpy"]) == 4
