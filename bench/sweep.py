@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -150,6 +151,11 @@ def never_binding_budget(runner):
     return "1.0" if getattr(runner.args, "device", "cpu") == "cuda" else NON_BINDING_BUDGET
 
 
+def budget_block(ratio, base):
+    """step_worker's block for the model under the budget ratio x base."""
+    return {"variant": "model", "budget": int(round(ratio * base)), "ratio": ratio, "label": f"{ratio:g}"}
+
+
 def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios, edge_probe=None):
     """Budgets ratio*base, downward, until one fails; then FINE_STEP refinements below the last
     that worked (in a fresh process: the failed one may have died mid-step). With `edge_probe` (a
@@ -160,7 +166,7 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios, edge_prob
     points, failures, errors = [], [], []
 
     def run(rs):
-        blocks = [{"variant": "model", "budget": int(round(r * base)), "ratio": r, "label": f"{r:g}"} for r in rs]
+        blocks = [budget_block(r, base) for r in rs]
         try:
             # The batches step_worker makes before the first block are recorded, evictable until
             # their step reads them.
@@ -203,11 +209,6 @@ def sweep_heuristic(runner, bm, heuristic, base, plain_s, ref, ratios, edge_prob
     return points, failures, errors
 
 
-def median(values):
-    v = sorted(values)
-    return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
-
-
 def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_STEP_CHECKS):
     """Note [Alternated step checks]: the sweep measures each budget once, in one process, one
     after the other, and on a shared machine a single measurement moves by tens of percent, so the
@@ -227,9 +228,8 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
         failure = None
         for _ in range(rounds):
             for ratio in (hi, lo):
-                block = {"variant": "model", "budget": int(round(ratio * base)), "ratio": ratio, "label": f"{ratio:g}"}
                 try:
-                    done = runner.blocks(bm.name, [block], preload=True, DTR_HEURISTIC=heuristic,
+                    done = runner.blocks(bm.name, [budget_block(ratio, base)], preload=True, DTR_HEURISTIC=heuristic,
                                          DTR_BUDGET=never_binding_budget(runner))
                 except WorkerError as e:
                     done = [{"status": "error", "message": str(e).splitlines()[0]}]
@@ -245,7 +245,7 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
             log(f"{bm.name}: the check of {hi:g} -> {lo:g} failed at {failure['ratio']:g}: {failure['status']}")
             checks.append(check)
             break  # a budget the sweep trained failed in a fresh process: the sweep's step stands
-        check["ratio"] = median(seconds[lo]) / median(seconds[hi])
+        check["ratio"] = statistics.median(seconds[lo]) / statistics.median(seconds[hi])
         log(f"{bm.name}: {hi:g} -> {lo:g}: {r:.2f} times in the sweep, {check['ratio']:.2f} alternated {rounds} times")
         checks.append(check)
     return checks
@@ -993,9 +993,9 @@ def step_cell(points, checks=(), edge_probe=None):
         how = f"; {check['sweep_ratio']:.2f} in the sweep, {r:.2f} alternated {n} times"
     elif ok:
         # Every step the sweep measured larger came out smaller alternated; this one was not checked.
-        how = (f"; the sweep's, its {len(ok)} larger step{'s' if len(ok) > 1 else ''} "
-               f"{min(c['ratio'] for c in ok):.2f}-{max(c['ratio'] for c in ok):.2f} alternated" if len(ok) > 1 else
-               f"; the sweep's, its larger step {ok[0]['ratio']:.2f} alternated")
+        checked = sorted(c["ratio"] for c in ok)
+        how = (f"; the sweep's, its larger step {checked[0]:.2f} alternated" if len(checked) == 1 else
+               f"; the sweep's, its {len(checked)} larger steps {checked[0]:.2f}-{checked[-1]:.2f} alternated")
     failed = [c for c in checks if "failure" in c]
     if failed:
         f = failed[0]

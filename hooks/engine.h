@@ -255,19 +255,19 @@ class Engine final : public ReplayBackend,
   // Whether dtr can record, evict and replay this tensor's storage: dense strided memory on the
   // managed device with no Python key (subclasses, FakeTensor) and not quantized or nested.
   bool Manageable(const at::Tensor& t) const {
-    return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
-           (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) && t.layout() == c10::kStrided &&
-           !t.is_quantized() && !t.is_nested();
+    return !t.key_set().has(c10::DispatchKey::Python) && DenseOnManagedDevice(t);
   }
   // What a pin or an exposure acts on (Note [Raw access through a subclass], engine.cc): a
   // manageable tensor, or a Python-key subclass that shares a storage of dtr's memory.
   bool SharesOurMemory(const at::Tensor& t) const {
-    if (Manageable(t)) return true;
-    if (!t.key_set().has(c10::DispatchKey::Python) || !t.has_storage() || t.layout() != c10::kStrided ||
-        t.is_quantized() || t.is_nested() || !(managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()))
-      return false;
+    if (!DenseOnManagedDevice(t)) return false;
+    if (!t.key_set().has(c10::DispatchKey::Python)) return true;
     // unsafe_storage: a wrapper subclass (DTensor) throws on storage(); its storage holds nothing.
     return IsOurs(t.unsafeGetTensorImpl()->unsafe_storage().data_ptr());
+  }
+  bool DenseOnManagedDevice(const at::Tensor& t) const {
+    return t.has_storage() && (managed_ == ManagedDevice::kCuda ? t.is_cuda() : t.is_cpu()) &&
+           t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested();
   }
   // Note [Host operands of CUDA ops]: managing CUDA memory, a dense CPU tensor an op reads or
   // returns is not dtr's memory. Read (and not written), it is kept by value in the record when
