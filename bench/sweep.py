@@ -53,6 +53,10 @@ ACTIVATION_RS = [0.5, 0.3]
 # A recognizable op the trace worker runs between building the model and training (see trace_split).
 TRACE_MARK_BYTES = 4099
 NON_BINDING_BUDGET = 1 << 40  # 1 TiB
+# Note [The optimal schedule's own steps]: Rotor's cost is planned on this grid of budgets (fractions
+# of the trace peak) from its floor up to ROTOR_RANGE above it.
+ROTOR_GRID = 0.005
+ROTOR_RANGE = 0.2
 
 
 class WorkerError(Exception):
@@ -456,10 +460,10 @@ def write_chain_file(path, model, profile_time, profile_mem, note, note_timer):
                     f"{m.get('o_f', 0)} {m.get('o_b', 0)}\n")
 
 
-def run_chain(runner, path, budgets):
+def run_chain(runner, path, budgets, planner="all"):
     """dtr-chain on one chain file: (its peak with no recomputation, {(planner, budget): result})
     for the given budgets (None: only the peak)."""
-    what = ["--budget", ",".join(str(int(b)) for b in budgets), "--planner", "all"] if budgets else \
+    what = ["--budget", ",".join(str(int(b)) for b in budgets), "--planner", planner] if budgets else \
         ["--ratio", "1", "--planner", "rotor"]
     argv = [runner.chain, "--chain", path, "--slots", str(runner.args.rotor_slots)] + what
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -551,7 +555,54 @@ def chain_baselines(runner, bm, sim, work):
         row["raw_planners"] = {p: combine(p, [row["raw_budget_bytes"]] * len(files)) for p in planners}
     res["rows"] = rows
     res["activation_rows"] = act_rows
+    res["rotor_curve"] = rotor_curve(runner, files, sim_peak)
     return res
+
+
+# Note [The optimal schedule's own steps]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Issue 16 item 2 asks that the step time rise by at most 1.5x between budgets FINE_STEP of the
+# peak apart, down to the floor. Near its floor a chain cannot meet that under any schedule: with
+# room for one activation beside what the backward pass holds, every backward stage recomputes
+# the forward pass from the input (L^2/2 stage replays for L stages), with room for two it
+# recomputes from one checkpoint (about L^1.5), and so on; so a few activations more or less
+# change the step time several times over. The real chain shows it: at 0.2125 of its peak every
+# stage of the backward pass rebuilt all 64 layers from the input (which it evicted too), 5.4k
+# rematerializations a step at 17.5x the plain step, against 0.7k at 0.225. Rotor's dynamic
+# program, the optimal persistent schedule for the chain's profile, tells how large the optimal
+# schedule's own steps are there: rotor_curve plans it on budgets ROTOR_GRID of the trace peak
+# apart from its floor, and the report gives its largest step of FINE_STEP beside dtr's, so a
+# cliff dtr shares with the optimal schedule is told from one of its own.
+def rotor_curve(runner, files, trace_peak):
+    """Rotor's step time (the chains' makespans over their base costs, summed over the measured
+    steps' chains) at budgets ROTOR_GRID of the trace peak apart, from its floor up to ROTOR_RANGE
+    above it: {"floor_bytes", "grid_bytes", "points": [[budget, time], ...]} (Note [The optimal
+    schedule's own steps])."""
+    floors = []
+    for f in files:
+        (d,) = run_chain(runner, f, [1], planner="rotor")[1].values()
+        if not d.get("min_budget_bytes"):
+            return {"error": f"dtr-chain gave no floor for {f}"}
+        floors.append(int(d["min_budget_bytes"]))
+    floor, grid = max(floors), ROTOR_GRID * trace_peak
+    budgets = [int(round(floor + k * grid)) for k in range(int(round(ROTOR_RANGE / ROTOR_GRID)) + 1)]
+    outs = [run_chain(runner, f, budgets, planner="rotor")[1] for f in files]
+    points = []
+    for b in budgets:
+        per = [out.get(("rotor", b)) for out in outs]
+        if all(d is not None and d.get("status") == "ok" for d in per):
+            points.append([b, sum(d["makespan"] for d in per) / sum(d["base_cost"] for d in per)])
+    return {"floor_bytes": floor, "grid_bytes": grid, "points": points}
+
+
+def rotor_largest_step(curve, trace_peak):
+    """(budget above, budget below, time below / time above) of the largest step of FINE_STEP of the
+    trace peak on Rotor's curve (Note [The optimal schedule's own steps]), or None."""
+    points = (curve or {}).get("points") or []
+    apart = FINE_STEP * trace_peak
+    steps = [(hi[0], lo[0], lo[1] / hi[1]) for lo in points for hi in points
+             if abs(hi[0] - lo[0] - apart) <= 0.5 * curve["grid_bytes"]]
+    return max(steps, key=lambda s: s[2]) if steps else None
 
 
 # ------------------------------------------------------------------------------------ report
@@ -898,6 +949,9 @@ def chain_section(results, a):
         act = activation_comparison(res, ch)
         if act:
             L.append(act + "\n")
+        own = rotor_steps_text(ch, res["sim"]["peak_bytes"])
+        if own:
+            L.append(own + "\n")
     others = [r["name"] for r in results if r.get("sim") and not r.get("chain")]
     if others:
         L.append(f"No planner applies to {', '.join(others)}: not a chain of stages (skip connections across "
@@ -905,6 +959,21 @@ def chain_section(results, a):
     if not any_rows:
         L.append("No chain-shaped model in this run.\n")
     return "\n".join(L)
+
+
+def rotor_steps_text(ch, trace_peak):
+    """Rotor's own steps near its floor as a sentence (Note [The optimal schedule's own steps]), or None."""
+    curve = ch.get("rotor_curve") or {}
+    step = rotor_largest_step(curve, trace_peak)
+    if step is None:
+        return f"Rotor's steps near its floor: {curve['error']}." if curve.get("error") else None
+    hi, lo, r = step
+    (b0, t0), above = curve["points"][0], [p for p in curve["points"] if p[0] >= curve["points"][0][0] + FINE_STEP * trace_peak - 1]
+    near = f", {above[0][1]:.2f}× at {FINE_STEP:g} of the trace peak above it" if above else ""
+    return (f"The optimal schedule's own steps (Note [The optimal schedule's own steps]): on budgets "
+            f"{ROTOR_GRID:g} of the trace peak apart, Rotor's plan costs {t0:.2f}× the base at the smallest that "
+            f"fits ({mib(b0)} of activations){near}; its largest step of {FINE_STEP:g} within {ROTOR_RANGE:g} of "
+            f"the trace peak above its floor is {r:.2f} times ({mib(hi)} → {mib(lo)}).")
 
 
 def activation_run_status(d, sim):
@@ -1053,6 +1122,15 @@ def summary_section(results, a):
             "[Alternated step checks], bench/sweep.py). Below the smallest working budget the sweep also runs the "
             f"budget halfway to the one that failed: a model that trains there only by thrashing has a cliff "
             f"the steps of {FINE_STEP:g} step over."]
+    own = [(r["name"], rotor_largest_step(r["chain"].get("rotor_curve"), r["sim"]["peak_bytes"]))
+           for r in results if r.get("chain") and r.get("sim", {}).get("peak_bytes")]
+    own = [(name, step[2]) for name, step in own if step]
+    if own:
+        text.append(f"The optimal schedule has steps of its own near its floor, where each activation fewer "
+                    f"multiplies how often the stages are recomputed: Rotor's largest step of {FINE_STEP:g} of the "
+                    "trace peak, on the chain-shaped models' profiles, is "
+                    + ", ".join(f"{r:.2f} ({name})" for name, r in own)
+                    + " (Note [The optimal schedule's own steps], bench/sweep.py; the section on optimal plans).")
     eqs = [(r["name"], min(p["ratio"] for p in r["sweeps"][h0])) for r in results if r.get("sweeps", {}).get(h0)]
     if eqs:
         lo, hi = min(eqs, key=lambda e: e[1]), max(eqs, key=lambda e: e[1])

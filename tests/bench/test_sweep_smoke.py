@@ -104,6 +104,17 @@ def test_simulator_rows(report):
         if m.get("chain") and has_chain:
             rotor = [row["planners"]["rotor"] for row in m["chain"]["rows"] if "rotor" in row["planners"]]
             assert any(d["status"] == "ok" and d["overhead"] >= 0 for d in rotor), m["name"]
+            # Note [The optimal schedule's own steps]: Rotor planned on a grid from its floor up;
+            # more memory never costs the optimal schedule more, and near its floor the chain's
+            # optimal schedule steps by more than issue 16 item 2's 1.5 (every backward stage
+            # replays the forward pass from the input at the floor, from a checkpoint above it).
+            curve = m["chain"]["rotor_curve"]
+            budgets = [b for b, _ in curve["points"]]
+            assert len(budgets) >= 30 and budgets == sorted(budgets) and budgets[0] >= curve["floor_bytes"]
+            times = [t for _, t in curve["points"]]
+            assert all(lo >= hi for lo, hi in zip(times, times[1:])) and times[-1] >= 1, times
+            hi, lo, step = _sweep().rotor_largest_step(curve, sim["peak_bytes"])
+            assert hi - lo == pytest.approx(0.025 * sim["peak_bytes"], abs=2) and step > 1.5, (hi, lo, step)
 
 
 @SWEEP_REPORT
@@ -221,6 +232,26 @@ def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
     assert all(p["identical"] for p in points)
     assert failures == [{"status": "error", "message": "blocks m (preloaded) exited -11:", "ratio": 0.8}]
     assert len(errors) == 1 and "Segmentation fault" in errors[0]
+
+
+def _sweep():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+    return sweep
+
+
+def test_the_optimal_schedules_largest_step_is_between_budgets_a_fine_step_apart():
+    """Note [The optimal schedule's own steps]: the step compares budgets FINE_STEP of the trace
+    peak apart on Rotor's grid, the largest wins, and a curve with no such pair has none."""
+    sweep = _sweep()
+    peak = 1000.0
+    grid = sweep.ROTOR_GRID * peak  # 5 bytes: a FINE_STEP is 5 grid budgets
+    times = [9.0, 8.0, 3.0, 2.9, 2.8, 2.7, 2.6, 2.5, 2.4, 2.3, 2.2]
+    curve = {"floor_bytes": 100, "grid_bytes": grid, "points": [[100 + k * grid, t] for k, t in enumerate(times)]}
+    assert sweep.rotor_largest_step(curve, peak) == (125.0, 100.0, 9.0 / 2.7)
+    curve["points"] = curve["points"][:5]
+    assert sweep.rotor_largest_step(curve, peak) is None
+    assert sweep.rotor_largest_step({"error": "no floor"}, peak) is None
 
 
 def test_the_largest_fine_step_is_found_and_gaps_are_said():
