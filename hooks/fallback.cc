@@ -296,10 +296,22 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
                       bn_stats_writer_);
 
   // ---- mutations (rules 1 and 2) ----
+  // Note [Records of writes the runtime keeps]
+  // The runtime keeps an in-place op's record only where it extends a recipe: the op writes one
+  // storage, which has a recipe or which the op overwrites whole (Runtime::RecordsWrite). Most
+  // writes are not such: an optimizer's updates of parameters and momentum buffers write
+  // constants. Their records (the arguments copied, each operand's layout, the backend flags,
+  // about 1.2k instructions) were made and dropped unused; now they are not made. The trace still
+  // says whether the op could be replayed, which dtr-sim decides the same way.
   if (info.kind == Kind::kMutate && !written.empty() && cfg_.rule_enabled(1)) {
     ReplayRecord* rr = nullptr;
+    // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
+    const bool overwrites = info.overwrites && covers_storage && written.size() == 1 &&
+                            std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
     // Rule 6: a random op's record needs the generator state it drew from.
-    if (info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6))) {
+    const bool replayable = info.replayable && !unrecordable_inputs && (info.gen_arg < 0 || cfg_.rule_enabled(6));
+    // Note [Records of writes the runtime keeps]: made only where the runtime will keep them.
+    if (replayable && rt_->RecordsWrite(written, overwrites)) {
       rr = records_.New(op);
       RecordOperands(rr, *stack, base, operands, std::move(scalar_args));
       if (info.gen_arg >= 0) {
@@ -315,14 +327,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     }
     double cost = 0;
     std::exception_ptr err;
-    const bool replayable = rr != nullptr;
-    Runtime::MutateCall mc{info.interned_name, in_sids, written, replayable, reinterpret_cast<uint64_t>(rr)};
+    Runtime::MutateCall mc{info.interned_name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
     mc.name_interned = true;
     mc.invalidate_readers = cfg_.rule_enabled(2);
     mc.backward = backward;
-    // Note [Overwriting in-place ops]: and self is the op's only view of its storage.
-    mc.overwrites = info.overwrites && covers_storage && written.size() == 1 &&
-                    std::count(in_sids.begin(), in_sids.end(), written[0]) == 1;
+    mc.overwrites = overwrites;
     bool mc_recorded = false;
     mc.recorded = &mc_recorded;
     const uint64_t serial0 = LastSlotSerial();

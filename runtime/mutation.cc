@@ -68,7 +68,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   stats_.base_cost += *cost;
   NoteBaseCost(*cost);
   const bool overwrites = call.overwrites && mutated.size() == 1;
-  if (call.replayable && mutated.size() == 1 && (rec(mutated[0]).rematerializable() || overwrites)) {
+  if (call.replayable && RecordsWrite(mutated, call.overwrites)) {
     StorageId m = mutated[0];
     // The old contents are gone and nothing reads them any more (InvalidateReaders): the recipe
     // restarts here.
@@ -113,6 +113,13 @@ absl::Status Runtime::Mutate(const MutateCall& call,
   if (call.backward && config_.backward_next_use > 0) NoteBackwardAccesses(inputs);
   unlock_inputs();
   return absl::OkStatus();
+}
+
+bool Runtime::RecordsWrite(absl::Span<const StorageId> mutated, bool overwrites) const {
+  if (mutated.empty() || std::any_of(mutated.begin(), mutated.end(), [&](StorageId m) { return m != mutated[0]; }))
+    return false;
+  const StorageRecord* r = storages_.Find(mutated[0]);
+  return r != nullptr && (overwrites || r->rematerializable());
 }
 
 absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {

@@ -99,6 +99,10 @@ class Runtime {
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
   absl::Status Mutate(const MutateCall& call, absl::FunctionRef<absl::StatusOr<double>()> execute);
+  // Whether Mutate would record a replayable in-place op that writes `mutated` (Note [Mutation]):
+  // one storage, which has a recipe to extend or which the op overwrites whole. When false its
+  // record would be dropped unused, so the caller need not make one.
+  bool RecordsWrite(absl::Span<const StorageId> mutated, bool overwrites) const;
 
   // Makes `id` resident (rematerializing it if needed) and marks it used now. For views (an op
   // that reads a storage without creating one; `cost` is added to the base cost) and for

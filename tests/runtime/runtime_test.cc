@@ -1154,6 +1154,32 @@ TEST_F(RuntimeTest, MutatingSeveralStoragesMakesThemConstants) {
   Check();
 }
 
+// Note [Records of writes the runtime keeps] (hooks/fallback.cc): RecordsWrite tells beforehand
+// whether Mutate keeps an in-place op's record, so the torch layer makes records only for those.
+TEST_F(RuntimeTest, RecordsWriteSaysWhetherMutateKeepsTheRecord) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {x}, 10);
+  const auto mutate = [&](std::vector<StorageId> written, bool overwrites) {
+    const bool said = rt_->RecordsWrite(written, overwrites);
+    bool recorded = false;
+    Runtime::MutateCall mc{"w_", written, written, true, 7};
+    mc.overwrites = overwrites;
+    mc.recorded = &recorded;
+    EXPECT_TRUE(rt_->Mutate(mc, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    EXPECT_EQ(said, recorded);
+    return recorded;
+  };
+  EXPECT_TRUE(mutate({a}, false));       // a recipe to extend
+  EXPECT_TRUE(mutate({a, a}, false));    // the same storage twice
+  EXPECT_FALSE(mutate({x}, false));      // a constant: its record would go unused
+  EXPECT_TRUE(mutate({x}, true));        // overwritten whole: the recipe starts here
+  EXPECT_FALSE(mutate({a, b}, false));   // two storages become constants
+  EXPECT_FALSE(rt_->RecordsWrite({}, false));
+  Check();
+}
+
 TEST_F(RuntimeTest, NeighborhoodCostsMatchTheirDefinitions) {
   for (HeuristicKind h : {HeuristicKind::kDtr, HeuristicKind::kDtrEq, HeuristicKind::kMsps}) {
     Make(kUnlimitedBudget, h);
