@@ -99,9 +99,12 @@ class Runtime {
   // Runs one in-place op. See Note [Mutation]: readers of a mutated storage are rematerialized
   // and detached first; a single mutated storage keeps its recipe (the op is appended to it).
   absl::Status Mutate(const MutateCall& call, absl::FunctionRef<absl::StatusOr<double>()> execute);
-  // Whether Mutate would record a replayable in-place op that writes `mutated` (Note [Mutation]):
-  // one storage, which has a recipe to extend or which the op overwrites whole. When false its
-  // record would be dropped unused, so the caller need not make one.
+  // Whether Mutate may record a replayable in-place op that writes `mutated` (Note [Mutation]):
+  // one storage, which has a recipe to extend or which the op overwrites whole. False is final:
+  // only an op creating a storage and Mutate's own recording give a storage a recipe, so nothing
+  // Mutate does first (bringing inputs back, invalidating readers, draining deaths) can make it
+  // true, and the caller need not make a record. True may still end with the record dropped (the
+  // storage frozen meanwhile).
   bool RecordsWrite(absl::Span<const StorageId> mutated, bool overwrites) const;
 
   // Makes `id` resident (rematerializing it if needed) and marks it used now. For views (an op
