@@ -544,11 +544,7 @@ def chain_baselines(runner, bm, sim, work):
     def combine(p, budgets):
         if any(b <= 0 for b in budgets):
             return {"status": "infeasible", "note": "budget below non-activation memory"}
-        per = [out.get((p, b)) for out, b in zip(outs, budgets)]
-        if any(d is None or d.get("status") != "ok" for d in per):
-            return {"status": "infeasible"}
-        mk, base = sum(d["makespan"] for d in per), sum(d["base_cost"] for d in per)
-        return {"status": "ok", "overhead": mk / base - 1.0, "peak_bytes": max(d.get("peak_bytes", 0) for d in per)}
+        return combined_plan(outs, p, budgets)
 
     for row in rows + act_rows:
         row["planners"] = {p: combine(p, row["calibrated_budget_bytes"]) for p in planners}
@@ -557,6 +553,16 @@ def chain_baselines(runner, bm, sim, work):
     res["activation_rows"] = act_rows
     res["rotor_curve"] = rotor_curve(runner, files, sim_peak)
     return res
+
+
+def combined_plan(outs, planner, budgets):
+    """One planner's plans of the measured steps' chains (outs: run_chain's results per chain file,
+    each at its budget) as one: their makespans over their base costs, or infeasible if one is."""
+    per = [out.get((planner, b)) for out, b in zip(outs, budgets)]
+    if any(d is None or d.get("status") != "ok" for d in per):
+        return {"status": "infeasible"}
+    mk, base = sum(d["makespan"] for d in per), sum(d["base_cost"] for d in per)
+    return {"status": "ok", "overhead": mk / base - 1.0, "peak_bytes": max(d.get("peak_bytes", 0) for d in per)}
 
 
 # Note [The optimal schedule's own steps]
@@ -595,11 +601,8 @@ def rotor_curve(runner, files, trace_peak):
     except (WorkerError, subprocess.TimeoutExpired) as e:
         # The chain rows already planned stay; only these steps are missing.
         return {"error": str(e).strip().splitlines()[0][:300]}
-    points = []
-    for b in budgets:
-        per = [out.get(("rotor", b)) for out in outs]
-        if all(d is not None and d.get("status") == "ok" for d in per):
-            points.append([b, sum(d["makespan"] for d in per) / sum(d["base_cost"] for d in per)])
+    plans = [(b, combined_plan(outs, "rotor", [b] * len(outs))) for b in budgets]
+    points = [[b, 1 + plan["overhead"]] for b, plan in plans if plan["status"] == "ok"]
     return {"floor_bytes": floor, "grid_bytes": grid, "points": points}
 
 
