@@ -168,6 +168,8 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a model's valgrind run may take")
     ap.add_argument("--out", default=None, help="also write the table, with how it was made, as markdown here")
+    ap.add_argument("--keep-dumps", default=None, metavar="DIR",
+                    help="copy callgrind's dumps here (one a mode and model) to read with callgrind_annotate")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -198,6 +200,11 @@ def main():
                 for f in futures.values():
                     f.cancel()
                 sys.exit(str(e))
+        if args.keep_dumps:
+            os.makedirs(args.keep_dumps, exist_ok=True)
+            for name in os.listdir(tmp):
+                if any(name.startswith(f"{m}.") for m in models):
+                    shutil.copy(os.path.join(tmp, name), args.keep_dumps)
     for m in models:
         check(m, results[m])
     text = table(models, results)

@@ -128,6 +128,51 @@ def step_time(block, a):
     return block["median_step_cpu_seconds"] if a.timer == "cpu" else block["median_step_seconds"]
 
 
+# Note [Paired steps]
+# Issue 16 item 2 bounds how much more time training takes between two budgets FINE_STEP apart.
+# Every block trains on the same batches in the same order from the same seeds, so the k-th
+# measured step is the same work at every budget, and the step between two budgets is the ratio
+# of the total time of their measured steps: step k against step k. A ratio of median step times
+# compares different steps where the steps' work differs: the TreeLSTM draws a fresh tree of
+# 16-32 leaves a step, a small tree costs about the same at both budgets and a large one much
+# more at the lower, so the median moved from a small tree to a large one. Its step 0.3 -> 0.275
+# of the peak, measured side by side (8 steps, two runs each): medians 17.0-17.9 ms against
+# 25.1-25.6 ms (1.45), step-by-step ratios 1.06-1.77 (median 1.23), totals 1.29; stop 64's
+# sweep 1.42 by medians, 1.28 by totals. On models whose steps are alike the two agree (ResNet
+# 1.15 and 1.15, the chain 1.59 and 1.59 in that sweep). The alternated checks (Note [Alternated
+# step checks]) take each round's ratio of totals and the median over rounds, so one round
+# disturbed by the machine counts for no more than one of three.
+def step_seconds(block, a):
+    """The block's measured step times by the chosen clock (--timer), in the order they ran."""
+    return block["step_cpu_seconds"] if a.timer == "cpu" else block["step_seconds"]
+
+
+def paired_ratio(above, below):
+    """Note [Paired steps]: the total time of `below`'s steps over that of the same steps of `above`."""
+    if len(above) != len(below) or not above:
+        raise ValueError(f"paired steps: {len(above)} steps against {len(below)}")
+    return sum(below) / sum(above)
+
+
+def step_between(above, below):
+    """How many times `above`'s training time `below` takes: the total time of the same measured steps
+    (Note [Paired steps]), or, for blocks of a JSON written before the steps were kept and without
+    them, the ratio of their median steps' time ratios."""
+    if "measured_steps" in above and "measured_steps" in below:
+        return paired_ratio(above["measured_steps"], below["measured_steps"])
+    return below["time_ratio"] / above["time_ratio"]
+
+
+def timed_blocks(res):
+    """The model's preloaded blocks whose steps are timed against the plain run: every heuristic's
+    sweep points, the unbudgeted and never-binding runs, and the probe halfway below the smallest
+    working budget when it trained."""
+    extra = [b for b in (res["unlimited"], res["non_binding"]) if b]
+    if (res.get("edge_probe") or {}).get("status") == "ok":
+        extra.append(res["edge_probe"])
+    return [b for pts in res["sweeps"].values() for b in pts], extra
+
+
 def oom_delay(failure, res, a):
     """How long an out-of-memory failure took to come, in plain steps: the failing step's time until
     the error (or the model's build, when it failed there) over the plain step time; None if not
@@ -217,11 +262,13 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
     """Note [Alternated step checks]: the sweep measures each budget once, in one process, one
     after the other, and on a shared machine a single measurement moves by tens of percent, so the
     largest step of FINE_STEP is measured again: its two budgets alternated `rounds` times, each
-    in a fresh process, the step being the ratio of their median step times. When the check makes
-    the step smaller than another step the sweep measured, that one is checked next, up to `most`
-    steps, so the reported largest step is a checked one unless `most` ran out. Returns the checks,
-    each {"above", "below", "sweep_ratio", "ratio", "above_seconds", "below_seconds"}, or with
-    "failure" instead of "ratio" when a run of it failed (its step then stays the sweep's)."""
+    in a fresh process, the step being the median over rounds of each round's ratio of the total
+    time of the same steps (Note [Paired steps]). When the check makes the step smaller than
+    another step the sweep measured, that one is checked next, up to `most` steps, so the reported
+    largest step is a checked one unless `most` ran out. Returns the checks, each {"above",
+    "below", "sweep_ratio", "ratio", "round_ratios", "above_seconds", "below_seconds"} (the
+    seconds: each round's median step), or with "failure" instead of "ratio" when a run of it
+    failed (its step then stays the sweep's)."""
     a = runner.args
     checks = []
     while len(checks) < most:
@@ -229,6 +276,7 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
         if check is not None or r is None:
             break  # the largest step is a checked one (or there is none)
         seconds = {hi: [], lo: []}
+        steps = {hi: [], lo: []}
         failure = None
         for _ in range(rounds):
             for ratio in (hi, lo):
@@ -241,6 +289,7 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
                     failure = dict(done[0] if done else {"status": "error"}, ratio=ratio)
                     break
                 seconds[ratio].append(step_time(done[0], a))
+                steps[ratio].append(step_seconds(done[0], a))
             if failure:
                 break
         check = {"above": hi, "below": lo, "sweep_ratio": r, "above_seconds": seconds[hi], "below_seconds": seconds[lo]}
@@ -249,7 +298,8 @@ def check_largest_steps(runner, bm, heuristic, base, points, rounds, most=MAX_ST
             log(f"{bm.name}: the check of {hi:g} -> {lo:g} failed at {failure['ratio']:g}: {failure['status']}")
             checks.append(check)
             break  # a budget the sweep trained failed in a fresh process: the sweep's step stands
-        check["ratio"] = statistics.median(seconds[lo]) / statistics.median(seconds[hi])
+        check["round_ratios"] = [paired_ratio(above, below) for above, below in zip(steps[hi], steps[lo])]
+        check["ratio"] = statistics.median(check["round_ratios"])
         log(f"{bm.name}: {hi:g} -> {lo:g}: {r:.2f} times in the sweep, {check['ratio']:.2f} alternated {rounds} times")
         checks.append(check)
     return checks
@@ -306,12 +356,11 @@ def real_runs(runner, bm):
     res["checkpoint_step_seconds"] = min(ck_meds) if ck_meds else None
     # Time ratios against the better of the two plain measurements (never flatters dtr).
     p, pw = res["plain_step_seconds"], res["plain_wall_step_seconds"]
-    extra = [b for b in (res["unlimited"], res["non_binding"]) if b]
-    if (res.get("edge_probe") or {}).get("status") == "ok":
-        extra.append(res["edge_probe"])
-    for b in [b for pts in res["sweeps"].values() for b in pts] + extra:
+    points, extra = timed_blocks(res)
+    for b in points + extra:
         b["time_ratio"] = step_time(b, a) / p
         b["wall_time_ratio"] = b["median_step_seconds"] / pw
+        b["measured_steps"] = step_seconds(b, a)  # Note [Paired steps]
     for b in extra:
         b["identical"] = identical(b, ref)
     if res["checkpoint_step_seconds"]:
@@ -1034,9 +1083,11 @@ def activation_comparison(res, ch):
 
 
 def fine_steps(points):
-    """[(ratio above, ratio below, time below / time above)] for the measured budgets FINE_STEP apart."""
+    """[(ratio above, ratio below, time below / time above)] for the measured budgets FINE_STEP apart:
+    the total time of the same measured steps (Note [Paired steps]), or the ratio of the median
+    steps' time ratios for points measured before the steps were kept."""
     by = sorted(points, key=lambda p: -p["ratio"])
-    return [(a["ratio"], b["ratio"], b["time_ratio"] / a["time_ratio"]) for a, b in zip(by, by[1:])
+    return [(a["ratio"], b["ratio"], step_between(a, b)) for a, b in zip(by, by[1:])
             if abs(a["ratio"] - b["ratio"] - FINE_STEP) < 1e-6]
 
 
@@ -1061,7 +1112,7 @@ def step_cell(points, checks=(), edge_probe=None):
         low_point = min(points, key=lambda p: p["ratio"])
         if edge_probe.get("status") == "ok":
             below = (f"; halfway below, {edge_probe['ratio']:g}: {edge_probe['time_ratio']:.2f}×, "
-                     f"{edge_probe['time_ratio'] / low_point['time_ratio']:.2f} times {low_point['ratio']:g}'s")
+                     f"{step_between(low_point, edge_probe):.2f} times {low_point['ratio']:g}'s")
         else:
             status = {"oom": "out of memory", "too-slow": "too slow"}.get(edge_probe["status"], edge_probe["status"])
             below = f"; halfway below, {edge_probe['ratio']:g}: {status}"
@@ -1127,8 +1178,9 @@ def summary_section(results, a):
             "trace's memory floor in dtr-sim (Note [Memory floor]: the unevictable bytes plus the largest "
             "operands of any one op, which no schedule can go below) over the trace's peak; the trace counts "
             "exact tensor bytes, the real runs allocated blocks, so compare the two columns as fractions.",
-            f"The largest step of {FINE_STEP:g} is the largest ratio of the step times of two budgets {FINE_STEP:g} "
-            "of the peak apart. The sweep measures each budget once, so the largest steps are measured again, "
+            f"The largest step of {FINE_STEP:g} is the largest ratio of the training times of two budgets {FINE_STEP:g} "
+            "of the peak apart: the total time of the same measured steps, which every budget trains on the same "
+            "batches (Note [Paired steps], bench/sweep.py). The sweep measures each budget once, so the largest steps are measured again, "
             "their two budgets alternated in fresh processes, and a step so checked counts by its check (Note "
             "[Alternated step checks], bench/sweep.py). Below the smallest working budget the sweep also runs the "
             f"budget halfway to the one that failed: a model that trains there only by thrashing has a cliff "
@@ -1405,7 +1457,12 @@ def rerender(path):
     a = argparse.Namespace(**data["settings"])
     data["machine"]["rerendered"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = os.path.dirname(os.path.abspath(path))
+    clock = "step_cpu_seconds" if a.timer == "cpu" else "step_seconds"
     for res in data["models"]:
+        points, extra = timed_blocks(res)
+        for b in points + extra:
+            if "measured_steps" not in b and clock in b:  # a JSON from before Note [Paired steps]
+                b["measured_steps"] = b[clock]
         plot(os.path.join(out, f"{a.device}_{res['name']}.png"), res, a)
     write_markdown(os.path.join(out, f"{a.device}.md"), data["models"], a, data["machine"],
                    data["machine"]["wall_seconds"], data["command"])

@@ -273,6 +273,41 @@ def test_the_largest_fine_step_is_found_and_gaps_are_said():
     assert sweep.step_cell(pts([(0.5, 1.0)])) == "—"
 
 
+def test_a_step_compares_the_same_steps():
+    """Note [Paired steps]: every budget trains on the same batches, so the step between two budgets
+    is the total time of the same measured steps, not the ratio of medians, which compares different
+    steps when the steps' work differs (the TreeLSTM's random trees): here a small step costs the same
+    at both budgets and a large one 1.5 times as much, and the medians would say 4/3."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import sweep
+
+    above = {"ratio": 0.3, "time_ratio": 1.5, "measured_steps": [1.0, 2.0, 4.0, 1.0]}
+    below = {"ratio": 0.275, "time_ratio": 2.0, "measured_steps": [1.0, 3.0, 6.0, 1.0]}
+    assert sweep.fine_steps([above, below]) == [(0.3, 0.275, 11.0 / 8.0)]
+    # The probe halfway below the smallest working budget is compared the same way.
+    probe = {"status": "ok", "ratio": 0.2625, "time_ratio": 2.0, "measured_steps": [1.0, 6.0, 6.0, 1.0]}
+    assert "halfway below, 0.2625: 2.00×, 1.27 times 0.275's" in sweep.step_cell([above, below], edge_probe=probe)
+    # Points from before the steps were kept fall back to the medians' ratio.
+    assert sweep.fine_steps([{"ratio": 0.3, "time_ratio": 1.5}, {"ratio": 0.275, "time_ratio": 2.0}]) == \
+        [(0.3, 0.275, 2.0 / 1.5)]
+    with pytest.raises(ValueError, match="3 steps against 2"):
+        sweep.paired_ratio([1.0, 1.0, 1.0], [1.0, 1.0])
+    # An alternated check: the median over rounds of each round's paired ratio.
+    runs = iter([[1.0, 4.0], [1.0, 6.0], [1.0, 4.0], [9.0, 6.0], [1.0, 4.0], [1.0, 5.0]])
+
+    class Runner:
+        args = type("A", (), {"timer": "cpu", "device": "cpu"})()
+
+        def blocks(self, model, blocks, preload=False, **dtr):
+            steps = next(runs)
+            return [{"status": "ok", "ratio": blocks[0]["ratio"], "median_step_cpu_seconds": max(steps),
+                     "step_cpu_seconds": steps}]
+
+    bm = type("B", (), {"name": "m"})()
+    checks = sweep.check_largest_steps(Runner(), bm, "dtr", 1 << 20, [above, below], rounds=3, most=1)
+    assert checks[0]["round_ratios"] == [7.0 / 5.0, 15.0 / 5.0, 6.0 / 5.0] and checks[0]["ratio"] == 7.0 / 5.0, checks
+
+
 def test_the_largest_steps_are_checked_alternated_until_a_checked_one_is_largest():
     """Note [Alternated step checks]: the sweep's largest step of 0.025 is measured again, its two
     budgets alternated in fresh processes; when the check makes it smaller than another step the
@@ -293,7 +328,8 @@ def test_the_largest_steps_are_checked_alternated_until_a_checked_one_is_largest
             assert preload and len(blocks) == 1 and dtr["DTR_HEURISTIC"] == "dtr"
             r = blocks[0]["ratio"]
             calls.append(r)
-            return [{"status": "ok", "ratio": r, "median_step_cpu_seconds": truth[r] * (1 + 0.01 * len(calls))}]
+            t = truth[r] * (1 + 0.01 * len(calls))
+            return [{"status": "ok", "ratio": r, "median_step_cpu_seconds": t, "step_cpu_seconds": [t, t]}]
 
     bm = type("B", (), {"name": "m"})()
     checks = sweep.check_largest_steps(AlternatingRunner(), bm, "dtr", 1 << 20, pts, rounds=3)
