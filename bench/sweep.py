@@ -1457,12 +1457,14 @@ def rerender(path):
     a = argparse.Namespace(**data["settings"])
     data["machine"]["rerendered"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = os.path.dirname(os.path.abspath(path))
-    clock = "step_cpu_seconds" if a.timer == "cpu" else "step_seconds"
     for res in data["models"]:
         points, extra = timed_blocks(res)
         for b in points + extra:
-            if "measured_steps" not in b and clock in b:  # a JSON from before Note [Paired steps]
-                b["measured_steps"] = b[clock]
+            if "measured_steps" not in b:  # a JSON from before Note [Paired steps]
+                try:
+                    b["measured_steps"] = step_seconds(b, a)
+                except KeyError:
+                    pass  # older still: no step times kept, step_between falls back to the medians
         plot(os.path.join(out, f"{a.device}_{res['name']}.png"), res, a)
     write_markdown(os.path.join(out, f"{a.device}.md"), data["models"], a, data["machine"],
                    data["machine"]["wall_seconds"], data["command"])
