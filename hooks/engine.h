@@ -64,6 +64,7 @@
 #include "hooks/cpu_allocator_adapter.h"
 #include "hooks/env_config.h"
 #include "hooks/op_classification.h"
+#include "hooks/generator_snapshots.h"
 #include "hooks/recycler.h"
 #include "hooks/replay_record.h"
 #include "hooks/storage_slots.h"
@@ -457,6 +458,7 @@ class Engine final : public ReplayBackend,
   absl::flat_hash_map<uint64_t, Entry*> entries_;                   // by StorageId
   Recycler<Entry> entry_memory_;       // Note [Recycled records] (recycler.h)
   Recycler<ReplayRecord> records_;     // every ReplayRecord is made and dropped through it
+  GeneratorSnapshots generator_snapshots_;  // what records of random ops keep (Note [Generator snapshots])
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
   std::vector<Entry*> deaths_;

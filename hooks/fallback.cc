@@ -322,7 +322,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         const c10::IValue& g = (*stack)[base + info.gen_arg];
         at::Generator gen = g.isNone() ? DefaultGenerator(rr->gen_device) : g.toGenerator();
         std::lock_guard<std::mutex> gl(gen.mutex());
-        rr->gen = gen.clone();
+        rr->gen = generator_snapshots_.Take(gen);  // Note [Generator snapshots]
       }
     }
     double cost = 0;
@@ -426,12 +426,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     const c10::IValue& g = (*stack)[base + info.gen_arg];
     at::Generator gen = g.isNone() ? DefaultGenerator(rr->gen_device) : g.toGenerator();
     std::lock_guard<std::mutex> gl(gen.mutex());
-    rr->gen = gen.clone();
+    rr->gen = generator_snapshots_.Take(gen);  // Note [Generator snapshots]
   }
   if (info.seeded_no_gen && cfg_.rule_enabled(6)) {
     at::Generator def = DefaultGenerator(rr->gen_device);
     std::lock_guard<std::mutex> gl(def.mutex());
-    rr->default_gen = def.clone();
+    rr->default_gen = generator_snapshots_.Take(def);
   }
   // Note [Deferred op costs]: on CUDA the launch time is provisional; the kernel time corrects
   // it once its events complete. Earlier ops' corrections are applied first.

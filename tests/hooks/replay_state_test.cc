@@ -4,7 +4,8 @@
 // (Note [Backend flags without hashing], replay_record.cc) and GenMark reads the Mersenne Twister
 // in place (Note [Reading torch's private members], torch_compat.h). Every setter of every flag
 // must show in the next snapshot, every draw from the default CPU generator in the next mark,
-// exactly as through the public accessors.
+// exactly as through the public accessors. A generator snapshot (Note [Generator snapshots],
+// generator_snapshots.h) must hold its source's whole state.
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include "hooks/generator_snapshots.h"
 #include "hooks/op_classification.h"
 #include "hooks/replay_record.h"
 
@@ -259,6 +261,52 @@ TEST(GenMarkTest, EveryDrawFromTheDefaultCpuGeneratorShows) {
     EXPECT_TRUE(after == PublicMark()) << what;
     before = after;
   }
+}
+
+// The bytes of a generator's whole state, as torch serializes it (Generator::get_state).
+std::vector<uint8_t> StateBytes(at::Generator g) {
+  std::lock_guard<std::mutex> l(g.mutex());
+  const at::Tensor t = g.get_state();
+  const uint8_t* p = t.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + t.numel());
+}
+
+// Note [Generator snapshots]: a snapshot is in its source's whole state, stays in it while a
+// record holds it, and its clone draws what the source draws.
+TEST(GeneratorSnapshotsTest, ASnapshotIsTheSourcesWholeStateAndStaysSo) {
+  GeneratorSnapshots snapshots;
+  at::Generator source = at::make_generator<at::CPUGeneratorImpl>(99);
+  auto snapshot_of = [&] {
+    std::lock_guard<std::mutex> l(source.mutex());
+    return snapshots.Take(source);
+  };
+  (void)at::randn({1}, source);  // caches a normal sample
+  at::Generator first = snapshot_of();
+  EXPECT_EQ(StateBytes(first), StateBytes(source));
+  EXPECT_NE(first.unsafeGetGeneratorImpl(), source.unsafeGetGeneratorImpl());
+  const std::vector<uint8_t> first_state = StateBytes(first);
+  const at::Tensor drawn = at::randn({9}, source);  // the cached sample, then fresh ones
+  EXPECT_TRUE(at::equal(at::randn({9}, first.clone()), drawn));
+
+  // While `first` is held, a snapshot of the source's new state does not reuse it.
+  at::Generator second = snapshot_of();
+  EXPECT_NE(second.unsafeGetGeneratorImpl(), first.unsafeGetGeneratorImpl());
+  EXPECT_EQ(StateBytes(first), first_state);
+  EXPECT_EQ(StateBytes(second), StateBytes(source));
+
+  // Dropped by every record, a pooled generator is reused, in the new state.
+  at::GeneratorImpl* reusable = first.unsafeGetGeneratorImpl();
+  first = at::Generator();
+  (void)at::rand({1000}, source);
+  {
+    std::lock_guard<std::mutex> l(source.mutex());
+    source.get<at::CPUGeneratorImpl>()->set_next_float_normal_sample(0.25f);
+  }
+  at::Generator third = snapshot_of();
+  EXPECT_EQ(third.unsafeGetGeneratorImpl(), reusable);
+  EXPECT_EQ(StateBytes(third), StateBytes(source));
+  EXPECT_TRUE(at::equal(at::bernoulli(at::full({64}, 0.5), third.clone()), at::bernoulli(at::full({64}, 0.5), source)));
+  EXPECT_EQ(snapshots.pooled(), 2u);
 }
 
 TEST(ClassifyTest, KnownRandomOpsAreSeeded) {
