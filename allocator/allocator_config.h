@@ -43,16 +43,17 @@ struct AllocatorConfig {
 
   bool unlimited_budget() const { return budget_bytes == kUnlimited; }
 
-  // A segment of its own for every block, rounded to 512 B, with exact reuse:
-  // dtr's CPU allocator (Note [CPU allocator granularity], hooks/cpu_allocator_adapter.cc).
-  static AllocatorConfig SegmentPerBlock() {
+  // A segment of its own for every block, each a multiple of `granularity` (a power of two), with
+  // exact reuse: dtr's CPU allocator (Note [CPU allocator granularity],
+  // hooks/cpu_allocator_adapter.cc).
+  static AllocatorConfig SegmentPerBlock(size_t granularity) {
     AllocatorConfig ac;
-    ac.min_block_size = 512;
-    ac.small_size = 512;
-    ac.small_segment_size = 512;
-    ac.min_large_alloc = 1024;
-    ac.large_segment_size = 1024;
-    ac.large_round = 512;
+    ac.min_block_size = granularity;
+    ac.small_size = granularity;
+    ac.small_segment_size = granularity;
+    ac.min_large_alloc = 2 * granularity;
+    ac.large_segment_size = 2 * granularity;
+    ac.large_round = granularity;
     ac.exact_reuse = true;
     return ac;
   }

@@ -31,7 +31,16 @@ def run(k):
 run(2000)
 t = time.perf_counter()
 run(n)
-print((time.perf_counter() - t) / (2 * n) * 1e6)
+us = (time.perf_counter() - t) / (2 * n) * 1e6
+if mode != "plain":
+    # A dtr mode must have had dtr in the loop: the fallback active, and under the budget the
+    # ops recorded (with no budget none is, Note [Recording starts with a budget]).
+    import json
+    recorded = json.loads(torch.ops.dtr.stats())["ops_recorded"]
+    if not torch.ops.dtr.is_active() or (mode != "no budget") != (recorded >= 2 * n):
+        sys.exit(f"op_overhead: dtr not in the loop in mode {mode!r} (active "
+                 f"{torch.ops.dtr.is_active()}, {recorded} ops recorded)")
+print(us)
 """
 
 MODES = ["plain", "no budget", "1 TiB budget"]

@@ -32,7 +32,7 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
 }
 
 alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
-  alloc::AllocatorConfig ac = alloc::AllocatorConfig::SegmentPerBlock();
+  alloc::AllocatorConfig ac = alloc::AllocatorConfig::SegmentPerBlock(kCpuBlockBytes);
   ac.budget_bytes = cfg.unlimited() ? alloc::AllocatorConfig::kUnlimited : size_t(cfg.budget_bytes);
   ac.enable_eviction = cfg.evict;
   // Note [CPU allocator granularity]
@@ -40,11 +40,16 @@ alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
   // be reused by the next request. Segments shared by several tensors fragment under a tight
   // budget: one long-lived tensor (a parameter, a gradient) keeps its whole segment reserved,
   // and a 256 KiB small-pool segment could not grow inside a 460 KiB budget that already held
-  // one. So every tensor gets its own segment, rounded to 512 B (the header included). Freed
-  // segments are cached for reuse; a cached segment serves only a request of its own size, or
-  // is resized for one of a nearby size (Note [Exact reuse], allocator/caching_allocator.cc),
-  // since splitting it would leave a remnant that cannot be released while its neighbour lives.
-  // AllocatorConfig::SegmentPerBlock() holds these values.
+  // one. So every tensor gets its own segment. Freed segments are cached for reuse; a cached
+  // segment serves only a request of its own size, or is resized for one of a nearby size (Note
+  // [Exact reuse], allocator/caching_allocator.cc), since splitting it would leave a remnant that
+  // cannot be released while its neighbour lives.
+  // Segments are rounded to kCpuBlockBytes (64 B, the header included), the alignment torch's
+  // own CPU allocator gives. They were rounded to 512 B, CUDA's granularity (PyTorch's
+  // kMinBlockSize), until stop 67: a model of many small tensors then lost a large part of a
+  // tight budget to rounding (the 64-layer chain's 390 tensors of a few hundred bytes, about
+  // 176 KiB of its 1.24 MB smallest working budget), which torch's own allocator never reserves
+  // and dtr-sim's exact bytes never counted.
   return ac;
 }
 

@@ -28,6 +28,12 @@ class CpuAllocatorAdapter final : public c10::Allocator {
   alloc::CachingAllocator* alloc_;
 };
 
+// Every host segment (a tensor's memory with its Slot header) is a multiple of this and aligned
+// to it: c10's CPU alignment (c10::gAlignment), which torch's own CPU allocator gives every
+// tensor (Note [CPU allocator granularity]).
+inline constexpr size_t kCpuBlockBytes = 64;
+static_assert(kHeader % kCpuBlockBytes == 0, "the data after a slot header keeps the segment's alignment");
+
 // The caching allocator's configuration for host memory under `cfg`'s budget.
 alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg);
 

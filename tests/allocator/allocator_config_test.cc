@@ -19,12 +19,15 @@ TEST(AllocatorConfigTest, DefaultsMirrorPyTorchAndValidate) {
 }
 
 TEST(AllocatorConfigTest, SegmentPerBlockGivesEveryBlockItsOwnSegment) {
-  const AllocatorConfig ac = AllocatorConfig::SegmentPerBlock();
-  EXPECT_TRUE(ac.Validate().ok()) << ac.Validate();
-  EXPECT_EQ(ac.small_segment_size, ac.small_size);  // a small block fills its segment
-  EXPECT_EQ(ac.large_round, ac.min_block_size);     // a large one is its segment, to 512 B
-  EXPECT_TRUE(ac.exact_reuse);
-  EXPECT_TRUE(ac.unlimited_budget());
+  for (size_t granularity : {64, 512}) {  // dtr's CPU allocator, CUDA's kMinBlockSize
+    const AllocatorConfig ac = AllocatorConfig::SegmentPerBlock(granularity);
+    EXPECT_TRUE(ac.Validate().ok()) << ac.Validate();
+    EXPECT_EQ(ac.min_block_size, granularity);
+    EXPECT_EQ(ac.small_segment_size, ac.small_size);  // a small block fills its segment
+    EXPECT_EQ(ac.large_round, granularity);           // a large one is its segment, to the granularity
+    EXPECT_TRUE(ac.exact_reuse);
+    EXPECT_TRUE(ac.unlimited_budget());
+  }
 }
 
 TEST(AllocatorConfigTest, RejectsInconsistentKnobs) {

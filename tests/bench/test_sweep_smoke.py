@@ -185,11 +185,13 @@ def test_activation_budgets_table(tmp_path):
 
 
 def test_op_overhead_reports_each_mode_against_plain():
-    """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, and dtr's modes
-    slower than plain in their fastest rounds (the fallback about doubles this op's instructions:
-    22.7k against 11.6k, bench/results/runtime.md; the fastest round is the one other processes
-    slowed least, where a median of three moved 2.5x under CI's parallel tests: a dtr mode faster
-    than plain there would mean dtr was not enabled in its process)."""
+    """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, every dtr mode
+    with dtr in its loop (the script fails otherwise: the fallback active, the ops recorded under
+    the budget and none with no budget), and recording slower than plain in its fastest round
+    (about 1.7x on a quiet machine; the fastest round is the one other processes slowed least,
+    where a median of three moved 2.5x under CI's parallel tests). With no budget dtr adds about
+    0.15 us to this 1.3 us op, less than the noise between rounds (its fastest round was once
+    below plain's), so that mode is checked by the script's check, not by its time."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     r = subprocess.run([PY, os.path.join(REPO, "bench", "op_overhead.py"), "--rounds", "3", "--ops", "3000"],
                        env=env, capture_output=True, text=True, timeout=300)
@@ -201,7 +203,7 @@ def test_op_overhead_reports_each_mode_against_plain():
         fastest[mode] = min(float(v) for v in rest[3:])  # the rounds' us/op
     assert set(rows) == {"plain", "no budget", "1 TiB budget"}, r.stdout
     assert rows["plain"] == 1.0
-    assert fastest["no budget"] > fastest["plain"] and fastest["1 TiB budget"] > fastest["plain"], r.stdout
+    assert fastest["1 TiB budget"] > fastest["plain"], r.stdout
 
 
 def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
