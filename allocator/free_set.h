@@ -9,7 +9,8 @@
 // recently freed first, with one bit per bin in a 64 x 64 bitmap and one summary bit per bitmap
 // word. A best-fit search is a masked word and a count of trailing zeros or two; adding or
 // removing a block is a list splice and a bit. Larger sizes (CUDA's 512-byte granularity bins up
-// to 2 MiB, the CPU allocator's 64 bytes up to 256 KiB) sit in a B-tree ordered by (stream, size, address), as in PyTorch's BlockComparator.
+// to 2 MiB, the CPU allocator's 64 bytes up to 256 KiB) sit in a B-tree ordered by (stream,
+// size, address), as in PyTorch's BlockComparator.
 // Every binned size is below every B-tree size, so a search that finds no bin at or above the
 // request takes the B-tree's smallest fit.
 // Why: dtr's CPU allocator gives every tensor a segment of its own (Note [CPU allocator

@@ -9,6 +9,7 @@ recording, pins, the runtime's bookkeeping (bench/results/runtime.md).
     .venv/bin/python bench/op_overhead.py [--rounds 5] [--ops 60000]
 """
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -51,11 +52,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ops", type=int, default=60000, help="loop iterations (2 ops each) per run")
     args = ap.parse_args()
+    # Each mode as it is meant, whatever the caller's environment: no budget, trace or preload
+    # (dtr.enable(budget=None) would keep a DTR_BUDGET).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     times = {m: [] for m in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
             out = subprocess.run([sys.executable, "-c", CODE, mode, str(args.ops)], check=True,
-                                 capture_output=True, text=True).stdout
+                                 capture_output=True, text=True, env=env).stdout
             times[mode].append(float(out.strip().splitlines()[-1]))
     plain = statistics.median(times["plain"])
     print(f"{'mode':<14} {'us/op (median)':>15} {'ratio':>7} {'dtr us/op':>10}   rounds")

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include <c10/core/Allocator.h>
+#include <c10/core/alignment.h>
 
 #include "allocator/allocator_config.h"
 #include "allocator/caching_allocator.h"
@@ -32,6 +33,7 @@ class CpuAllocatorAdapter final : public c10::Allocator {
 // to it: c10's CPU alignment (c10::gAlignment), which torch's own CPU allocator gives every
 // tensor (Note [CPU allocator granularity]).
 inline constexpr size_t kCpuBlockBytes = 64;
+static_assert(kCpuBlockBytes % c10::gAlignment == 0, "torch's CPU kernels expect c10::gAlignment");
 static_assert(kHeader % kCpuBlockBytes == 0, "the data after a slot header keeps the segment's alignment");
 
 // The caching allocator's configuration for host memory under `cfg`'s budget.

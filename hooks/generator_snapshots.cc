@@ -24,6 +24,9 @@ at::Generator GeneratorSnapshots::Take(const at::Generator& source) {
     next_ = (at + 1) % pool_.size();
     return pooled;
   }
+  // Every probed one is held: the next search starts past them, so records that live long (a
+  // model's initialization under a budget) cannot make every later one probe them again.
+  if (!pool_.empty()) next_ = (next_ + probes) % pool_.size();
   at::Generator fresh = source.clone();
   if (pool_.size() < kMaxPooled) pool_.push_back(fresh);
   return fresh;

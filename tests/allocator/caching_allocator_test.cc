@@ -407,12 +407,13 @@ TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
 }
 
 // One segment per block with exact reuse, as dtr's CPU allocator configures it
-// (hooks/cpu_allocator_adapter.cc).
+// (hooks/cpu_allocator_adapter.cc, kCpuBlockBytes = 64), keeping `config`'s budget and eviction.
 void OneSegmentPerBlock(AllocatorConfig& config) {
-  config.exact_reuse = true;
-  config.small_size = config.small_segment_size = 512;
-  config.min_large_alloc = config.large_segment_size = 1024;
-  config.large_round = 512;
+  AllocatorConfig per_block = AllocatorConfig::SegmentPerBlock(64);
+  per_block.budget_bytes = config.budget_bytes;
+  per_block.enable_eviction = config.enable_eviction;
+  per_block.shrink_segment_to_fit_budget = config.shrink_segment_to_fit_budget;
+  config = per_block;
 }
 
 // Note [Exact reuse]: a cached block is reused only at its own size, with a budget or without,

@@ -154,6 +154,28 @@ print(json.dumps(dict(total=total, allocator=s["allocator"], peak_reserved=s["pe
     assert out["peak_reserved"] <= 500 * 1024
 
 
+def test_small_tensors_are_aligned_and_cost_their_rounded_bytes():
+    """Note [CPU allocator granularity] (hooks/cpu_allocator_adapter.cc): every CPU tensor's data
+    is aligned to 64 bytes, as torch's own CPU allocator aligns it, and a small tensor takes its
+    bytes and the slot header rounded to 64, not to CUDA's 512: 1,000 one-element tensors take
+    128 bytes each (500 KiB in all at 512 each)."""
+    code = """
+import json, torch, dtr
+before = dtr.stats()["allocated_bytes"]
+keep = [torch.full((1,), float(i)) for i in range(1000)]
+odd = [torch.empty(n, dtype=torch.uint8) for n in (1, 63, 65, 127, 129, 4097)]
+print(json.dumps(dict(grew=dtr.stats()["allocated_bytes"] - before,
+                      misaligned=[t.data_ptr() % 64 for t in keep + odd if t.data_ptr() % 64],
+                      total=float(sum(float(t) for t in keep)))))
+"""
+    r = run([PY, "-c", code], preload=True, DTR_BUDGET="4MiB")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["misaligned"] == [] and out["total"] == sum(range(1000)), out
+    # 1,000 x (4 B + a 64 B header, rounded to 128), plus the six odd sizes and the list.
+    assert 1000 * 128 <= out["grew"] < 1000 * 128 + 64 * 1024, out
+
+
 def test_recomputation_limit_turns_thrashing_into_a_clear_oom():
     """Note [Recomputation limit]: under a budget where dtr's replays and searches cost more than
     DTR_MAX_RECOMPUTE times the program's own ops, the op that needs a replay raises
