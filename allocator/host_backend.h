@@ -12,6 +12,10 @@
 
 namespace dtr::alloc {
 
+// The granularity and alignment of dtr's CPU allocator's segments, one a tensor: torch's CPU
+// alignment, c10::gAlignment (Note [CPU allocator granularity], hooks/cpu_allocator_adapter.cc).
+inline constexpr size_t kHostBlockBytes = 64;
+
 class HostBackend : public DeviceMemoryBackend {
  public:
   // `alignment` must be a power of two >= sizeof(void*).

@@ -27,9 +27,6 @@ namespace {
 
 constexpr size_t kKiB = size_t{1} << 10;
 constexpr size_t kMiB = size_t{1} << 20;
-// dtr's CPU allocator's granularity (kCpuBlockBytes, hooks/cpu_allocator_adapter.h; hooks/ is not
-// linked here).
-constexpr size_t kCpuBlockBytes = 64;
 
 struct TraceOp {
   bool allocate;
@@ -150,8 +147,8 @@ void BM_RoundTrip_GlibcMalloc(benchmark::State& state) {
 BENCHMARK(BM_RoundTrip_GlibcMalloc)->Unit(benchmark::kMillisecond);
 
 void BM_RoundTrip_SmallTensorsSegmentPerTensor(benchmark::State& state) {
-  HostBackend backend(kCpuBlockBytes);
-  auto allocator = std::move(*CachingAllocator::Create(AllocatorConfig::SegmentPerBlock(kCpuBlockBytes), &backend));
+  HostBackend backend(kHostBlockBytes);
+  auto allocator = std::move(*CachingAllocator::Create(AllocatorConfig::SegmentPerBlock(kHostBlockBytes), &backend));
   std::vector<void*> slots(NumIds(TraceKind::kSmallTensors));
   ReplayCaching(*allocator, slots, TraceKind::kSmallTensors);
   for (auto _ : state) ReplayCaching(*allocator, slots, TraceKind::kSmallTensors);
@@ -223,9 +220,9 @@ int main(int argc, char** argv) {
   const char* mixed = "mixed trace, default config";
   const char* small = "small tensors, a segment per tensor (dtr's CPU config)";
   dtr::alloc::PrintRoundTripRatio(TraceKind::kMixed, dtr::alloc::AllocatorConfig{}, mixed);
-  dtr::alloc::PrintRoundTripRatio(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(dtr::alloc::kCpuBlockBytes), small);
+  dtr::alloc::PrintRoundTripRatio(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(dtr::alloc::kHostBlockBytes), small);
   dtr::alloc::PrintFragmentation(TraceKind::kMixed, dtr::alloc::AllocatorConfig{}, mixed);
-  dtr::alloc::PrintFragmentation(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(dtr::alloc::kCpuBlockBytes), small);
+  dtr::alloc::PrintFragmentation(TraceKind::kSmallTensors, dtr::alloc::AllocatorConfig::SegmentPerBlock(dtr::alloc::kHostBlockBytes), small);
   dtr::alloc::PrintEvictionComparison();
   return 0;
 }

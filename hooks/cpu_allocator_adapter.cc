@@ -32,7 +32,7 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
 }
 
 alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
-  alloc::AllocatorConfig ac = alloc::AllocatorConfig::SegmentPerBlock(kCpuBlockBytes);
+  alloc::AllocatorConfig ac = alloc::AllocatorConfig::SegmentPerBlock(alloc::kHostBlockBytes);
   ac.budget_bytes = cfg.unlimited() ? alloc::AllocatorConfig::kUnlimited : size_t(cfg.budget_bytes);
   ac.enable_eviction = cfg.evict;
   // Note [CPU allocator granularity]
@@ -44,7 +44,7 @@ alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg) {
   // segment serves only a request of its own size, or is resized for one of a nearby size (Note
   // [Exact reuse], allocator/caching_allocator.cc), since splitting it would leave a remnant that
   // cannot be released while its neighbour lives.
-  // Segments are rounded to kCpuBlockBytes (64 B, the header included), the alignment torch's
+  // Segments are rounded to alloc::kHostBlockBytes (64 B, the header included), the alignment torch's
   // own CPU allocator gives. They were rounded to 512 B, CUDA's granularity (PyTorch's
   // kMinBlockSize), until stop 67: a model of many small tensors then lost a large part of a
   // tight budget to rounding (the 64-layer chain's 390 tensors of a few hundred bytes, about

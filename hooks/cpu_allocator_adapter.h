@@ -12,6 +12,7 @@
 
 #include "allocator/allocator_config.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/host_backend.h"
 #include "hooks/env_config.h"
 #include "hooks/storage_slots.h"
 
@@ -29,12 +30,10 @@ class CpuAllocatorAdapter final : public c10::Allocator {
   alloc::CachingAllocator* alloc_;
 };
 
-// Every host segment (a tensor's memory with its Slot header) is a multiple of this and aligned
-// to it: c10's CPU alignment (c10::gAlignment), which torch's own CPU allocator gives every
-// tensor (Note [CPU allocator granularity]).
-inline constexpr size_t kCpuBlockBytes = 64;
-static_assert(kCpuBlockBytes % c10::gAlignment == 0, "torch's CPU kernels expect c10::gAlignment");
-static_assert(kHeader % kCpuBlockBytes == 0, "the data after a slot header keeps the segment's alignment");
+// Every host segment (a tensor's memory with its Slot header) is a multiple of
+// alloc::kHostBlockBytes and aligned to it (Note [CPU allocator granularity]).
+static_assert(alloc::kHostBlockBytes % c10::gAlignment == 0, "torch's CPU kernels expect c10::gAlignment");
+static_assert(kHeader % alloc::kHostBlockBytes == 0, "the data after a slot header keeps the segment's alignment");
 
 // The caching allocator's configuration for host memory under `cfg`'s budget.
 alloc::AllocatorConfig CpuAllocatorConfig(const DtrEnvConfig& cfg);

@@ -52,7 +52,7 @@ absl::Status Engine::Init() {
   if (!rt.ok()) return rt.status();
   rt_ = std::move(*rt);
   alloc::AllocatorConfig ac = CpuAllocatorConfig(cfg_);
-  backend_ = std::make_unique<alloc::HostBackend>(kCpuBlockBytes);  // Note [CPU allocator granularity]
+  backend_ = std::make_unique<alloc::HostBackend>(alloc::kHostBlockBytes);  // Note [CPU allocator granularity]
   auto a = alloc::CachingAllocator::Create(ac, backend_.get());
   if (!a.ok()) return a.status();
   alloc_ = std::move(*a);

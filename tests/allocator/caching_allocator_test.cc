@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "allocator/fake_backend.h"
+#include "allocator/host_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/allocator/test_util.h"
@@ -407,9 +408,9 @@ TEST(RetryLadderTest, Rung3IsSkippedWhenEvictionIsDisabled) {
 }
 
 // One segment per block with exact reuse, as dtr's CPU allocator configures it
-// (hooks/cpu_allocator_adapter.cc, kCpuBlockBytes = 64), keeping `config`'s budget and eviction.
+// (hooks/cpu_allocator_adapter.cc, kHostBlockBytes), keeping `config`'s budget and eviction.
 void OneSegmentPerBlock(AllocatorConfig& config) {
-  AllocatorConfig per_block = AllocatorConfig::SegmentPerBlock(64);
+  AllocatorConfig per_block = AllocatorConfig::SegmentPerBlock(kHostBlockBytes);
   per_block.budget_bytes = config.budget_bytes;
   per_block.enable_eviction = config.enable_eviction;
   per_block.shrink_segment_to_fit_budget = config.shrink_segment_to_fit_budget;
