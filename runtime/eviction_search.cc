@@ -45,6 +45,16 @@ namespace dtr {
 // candidates at 1e5 and 1e6 storages in 10.9 and 17.3 us, against 14.5 and 23.2 us; a dtr-eq
 // decision at 1e5 16.7 us against 20.2 us.
 //
+// Note [One flag, one write]
+// A lock, an await, a pending read (Note [Inputs a rematerialization will read]), a program
+// reference, a reader gained or lost and a backward pass's read each change fields that one flag
+// alone mirrors (kLocked, kAwaited, kPending, kAwaitsReader, kAwaitsBackward), and every op
+// locks, unlocks and reads its inputs. Since an entry mirrors its record whenever a field
+// changes (above), such a change can move only that flag, so it is written alone (SetPoolFlag)
+// instead of the entry being filled again from the record (FillPoolEntry reads eleven fields).
+// CheckInvariants still compares whole entries, and the fuzzers with it: a change that relied on
+// an unlock's refill to reach the entry would fail them.
+//
 // Note [Victim search]
 // Sampled mode scores max(min_samples, ceil(sample_factor * sqrt(n))) uniformly drawn pool
 // entries plus the kCarriedCandidates best runners-up of the previous search (re-scored: scores

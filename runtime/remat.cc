@@ -221,12 +221,12 @@ absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
 
 void Runtime::Await(StorageId id) {
   StorageRecord& r = rec(id);
-  if (r.waits++ == 0) RefreshPoolEntry(r);  // Note [Candidate table]: kAwaited
+  if (r.waits++ == 0) SetPoolFlag(r, PoolEntry::kAwaited, true);  // Note [One flag, one write]
 }
 
 void Runtime::Unawait(StorageId id) {
   StorageRecord& r = rec(id);
-  if (--r.waits == 0) RefreshPoolEntry(r);
+  if (--r.waits == 0) SetPoolFlag(r, PoolEntry::kAwaited, false);
 }
 
 absl::Status Runtime::Materialize(StorageId target) {
@@ -376,7 +376,7 @@ void Runtime::ListPendingReplays(StorageId target, PendingReplays* pending) {
         if (in == s) continue;  // an in-place op of s's recipe: s is its frame's own (Materialize)
         StorageRecord& r = rec(in);
         op.reads.push_back(in);
-        if (r.pending_reads++ == 0) RefreshPoolEntry(r);
+        if (r.pending_reads++ == 0) SetPoolFlag(r, PoolEntry::kPending, true);
         if (!r.resident() && r.rematerializable() && r.walk_epoch != epoch) {
           r.walk_epoch = epoch;
           todo.push_back(in);
@@ -390,7 +390,8 @@ void Runtime::ReleasePendingReads(PendingReplays::Op& op) {
   if (op.replayed) return;
   op.replayed = true;
   for (StorageId in : op.reads)
-    if (StorageRecord* r = storages_.Find(in); r != nullptr && --r->pending_reads == 0) RefreshPoolEntry(*r);
+    if (StorageRecord* r = storages_.Find(in); r != nullptr && --r->pending_reads == 0)
+      SetPoolFlag(*r, PoolEntry::kPending, false);
 }
 
 void Runtime::NotePendingReplayed(OpId id) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -62,9 +63,12 @@ const RuntimeStats& Runtime::stats() const {
 
 absl::StatusOr<StorageRecord*> Runtime::Lookup(StorageId id, absl::string_view what) {
   StorageRecord* r = storages_.Find(id);
-  if (r == nullptr)
-    return absl::NotFoundError(absl::StrCat(what, ": unknown or already collected ", IdString(id)));
+  if (r == nullptr) return UnknownStorage(id, what);
   return r;
+}
+
+absl::Status Runtime::UnknownStorage(StorageId id, absl::string_view what) const {
+  return absl::NotFoundError(absl::StrCat(what, ": unknown or already collected ", IdString(id)));
 }
 
 absl::string_view Runtime::InternName(absl::string_view name) {
@@ -106,7 +110,7 @@ void Runtime::NoteBackwardAccesses(absl::Span<const StorageId> accessed) {
     StorageRecord& r = rec(id);
     if (!r.awaits_backward) continue;
     r.awaits_backward = false;
-    RefreshPoolEntry(r);
+    SetPoolFlag(r, PoolEntry::kAwaitsBackward, false);  // Note [One flag, one write]
   }
 }
 
@@ -288,7 +292,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     for (StorageId in : inputs) {
       StorageRecord& in_rec = rec(in);
       in_rec.readers.push_back(op_id);
-      RefreshPoolEntry(in_rec);  // no longer a result awaiting its reader
+      SetPoolFlag(in_rec, PoolEntry::kAwaitsReader, false);  // read now (Note [One flag, one write])
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     for (StorageId out : outputs) {
@@ -318,7 +322,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
 }
 
 absl::Status Runtime::Access(StorageId id, double cost) {
-  if (auto r = Lookup(id, "access"); !r.ok()) return r.status();
+  if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return UnknownStorage(id, "access");
   Lock(id);
   absl::Status s = Materialize(id);
   if (s.ok()) {
@@ -334,20 +338,20 @@ absl::Status Runtime::Access(StorageId id, double cost) {
 }
 
 absl::Status Runtime::AddRef(StorageId id) {
-  auto r = Lookup(id, "add reference");
-  if (!r.ok()) return r.status();
-  ++(*r)->external_refs;
-  RefreshPoolEntry(**r);
+  StorageRecord* r = storages_.Find(id);
+  if (ABSL_PREDICT_FALSE(r == nullptr)) return UnknownStorage(id, "add reference");
+  ++r->external_refs;
+  SetPoolFlag(*r, PoolEntry::kAwaitsReader, AwaitsReader(*r));  // Note [One flag, one write]
   return absl::OkStatus();
 }
 
 absl::Status Runtime::DropRef(StorageId id) {
-  auto r = Lookup(id, "drop reference");
-  if (!r.ok()) return r.status();
-  if ((*r)->external_refs == 0)
+  StorageRecord* r = storages_.Find(id);
+  if (ABSL_PREDICT_FALSE(r == nullptr)) return UnknownStorage(id, "drop reference");
+  if (r->external_refs == 0)
     return absl::FailedPreconditionError(absl::StrCat("drop reference: ", IdString(id), " has none"));
-  if (--(*r)->external_refs == 0) {
-    RefreshPoolEntry(**r);
+  if (--r->external_refs == 0) {
+    SetPoolFlag(*r, PoolEntry::kAwaitsReader, false);  // Note [One flag, one write]: no refs, not awaiting
     OnUnreferenced(id);
   }
   DrainCollection();
@@ -403,7 +407,7 @@ absl::Status Runtime::Unpin(StorageId id) {
 // small-op loop of bench/op_overhead.py): about 0.8k instructions an op less than pins
 // (bench/results/runtime.md, "Per-op bookkeeping").
 absl::Status Runtime::HoldOperand(StorageId id) {
-  if (auto r = Lookup(id, "hold"); !r.ok()) return r.status();
+  if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return UnknownStorage(id, "hold");
   bool brought_back;
   absl::Status s = LockAndBringBack(id, &brought_back);
   if (!s.ok()) Unlock(id);
@@ -419,9 +423,9 @@ void Runtime::ReleaseOperand(StorageId id) {
 }
 
 absl::Status Runtime::SetHandle(StorageId id, uint64_t handle) {
-  auto r = Lookup(id, "set handle");
-  if (!r.ok()) return r.status();
-  (*r)->handle = handle;
+  StorageRecord* r = storages_.Find(id);
+  if (ABSL_PREDICT_FALSE(r == nullptr)) return UnknownStorage(id, "set handle");
+  r->handle = handle;
   return absl::OkStatus();
 }
 
@@ -447,12 +451,12 @@ absl::Status Runtime::AddOpCost(OpId id, double delta) {
 
 void Runtime::Lock(StorageId id) {
   StorageRecord& r = rec(id);
-  if (r.locks++ == 0) RefreshPoolEntry(r);  // Note [Candidate table]: kLocked
+  if (r.locks++ == 0) SetPoolFlag(r, PoolEntry::kLocked, true);  // Note [One flag, one write]
 }
 
 void Runtime::Unlock(StorageId id) {
   StorageRecord& r = rec(id);
-  if (--r.locks == 0) RefreshPoolEntry(r);
+  if (--r.locks == 0) SetPoolFlag(r, PoolEntry::kLocked, false);
   // Only a release that was deferred while locked applies now: a storage brought back for a
   // dependent stays resident like any other (evicting it on unlock made replays cascade).
   if (r.locks == 0 && r.external_refs == 0 && r.pins == 0 && (r.release_pending || r.banish_pending)) {

@@ -205,6 +205,9 @@ class Runtime {
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
+  // Lookup's error, out of line: the per-op calls (Access, HoldOperand, AddRef, DropRef,
+  // SetHandle) find the record themselves and build no StatusOr.
+  absl::Status UnknownStorage(StorageId id, absl::string_view what) const;
   void Lock(StorageId id);
   void Unlock(StorageId id);
   void Touch(StorageId id) {
@@ -259,6 +262,13 @@ class Runtime {
   void SyncPool(StorageId id);
   void RefreshPoolEntry(const StorageRecord& r) {
     if (r.pool_index != UINT32_MAX) FillPoolEntry(r, &pool_[r.pool_index]);
+  }
+  // Note [One flag, one write]: where a change can move only one flag of the entry (a count that
+  // leaves or reaches 0: locks, waits, pending_reads), that flag is written alone.
+  void SetPoolFlag(const StorageRecord& r, PoolEntry::Flag flag, bool on) {
+    if (r.pool_index == UINT32_MAX) return;
+    PoolEntry& e = pool_[r.pool_index];
+    e.flags = on ? (e.flags | flag) : (e.flags & ~uint64_t(flag));
   }
   // Inline: every lock, unlock and touch of an evictable storage refreshes its entry (about eight
   // an op), which cost some 360 instructions an op as a call.
