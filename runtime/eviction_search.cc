@@ -36,8 +36,8 @@ namespace dtr {
 // read without the record (Note [A decision in a few thousand instructions]).
 // Before, every candidate's record was read, twice (scoring, then ranking), each a cache miss
 // once the records (about 200 bytes each) outgrow the cache. Whatever changes a mirrored field
-// of a pool member refreshes its entry (SyncPool or RefreshPoolEntry; Touch writes the last access)
-// before anything can search; CheckInvariants compares every entry with its record between
+// of a pool member refreshes its entry (SyncPool or RefreshPoolEntry; Touch writes the last access;
+// SetPoolFlag one flag, Note [One flag, one write]) before anything can search; CheckInvariants compares every entry with its record between
 // operations (locks are 0 there, so kLocked is only checked clear), and the fuzzers fail if one
 // refresh is left out. Decisions are the same as reading the records: dtr-sim's output is identical on
 // 168 runs (generated chain, U-Net, TreeLSTM and random DAG; seven heuristics; 0.7, 0.5 and 0.3
@@ -51,7 +51,7 @@ namespace dtr {
 // alone mirrors (kLocked, kAwaited, kPending, kAwaitsReader, kAwaitsBackward), and every op
 // locks, unlocks and reads its inputs. Since an entry mirrors its record whenever a field
 // changes (above), such a change can move only that flag, so it is written alone (SetPoolFlag)
-// instead of the entry being filled again from the record (FillPoolEntry reads eleven fields).
+// instead of the entry being filled again from the record (FillPoolEntry reads fourteen fields).
 // CheckInvariants still compares whole entries, and the fuzzers with it: a change that relied on
 // an unlock's refill to reach the entry would fail them. Measured with -O3 (callgrind, what dtr
 // adds a recorded op under a budget that never binds): the chain 6,931 -> 6,464 instructions,

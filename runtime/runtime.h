@@ -263,15 +263,15 @@ class Runtime {
   void RefreshPoolEntry(const StorageRecord& r) {
     if (r.pool_index != UINT32_MAX) FillPoolEntry(r, &pool_[r.pool_index]);
   }
-  // Note [One flag, one write]: where a change can move only one flag of the entry (a count that
-  // leaves or reaches 0: locks, waits, pending_reads), that flag is written alone.
+  // Note [One flag, one write]: where a change can move only one flag of the entry (locks,
+  // waits, pending_reads, program references, readers, awaits_backward), that flag is written alone.
   void SetPoolFlag(const StorageRecord& r, PoolEntry::Flag flag, bool on) {
     if (r.pool_index == UINT32_MAX) return;
     PoolEntry& e = pool_[r.pool_index];
     e.flags = on ? (e.flags | flag) : (e.flags & ~uint64_t(flag));
   }
-  // Inline: every lock, unlock and touch of an evictable storage refreshes its entry (about eight
-  // an op), which cost some 360 instructions an op as a call.
+  // Inline: it refreshed the entry at every lock, unlock and touch (about eight an op) until
+  // stop 68, which cost some 360 instructions an op as a call; the other refreshes remain.
   static void FillPoolEntry(const StorageRecord& r, PoolEntry* e) {
     e->cost = r.cost;
     e->last_access = r.last_access;
