@@ -264,8 +264,7 @@ void Runtime::ClearRecipe(StorageId id) {
       StorageRecord* in_rec = storages_.Find(in);
       if (in_rec == nullptr) continue;
       EraseValue(in_rec->readers, op_id);
-      // It may await its reader now (Note [One flag, one write]).
-      SetPoolFlag(*in_rec, PoolEntry::kAwaitsReader, AwaitsReader(*in_rec));
+      SyncAwaitsReaderFlag(*in_rec);  // it may await its reader now
       if (in_rec->readers.empty()) MaybeCollect(in);
     }
     backend_->OnOpDropped(op_id, op);

@@ -92,7 +92,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     for (StorageId in : ops_[op_id].inputs) {
       StorageRecord& in_rec = rec(in);
       in_rec.readers.push_back(op_id);
-      SetPoolFlag(in_rec, PoolEntry::kAwaitsReader, false);  // read now (Note [One flag, one write])
+      SyncAwaitsReaderFlag(in_rec);  // read now
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     rec(m).recipe.push_back(op_id);

@@ -292,7 +292,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     for (StorageId in : inputs) {
       StorageRecord& in_rec = rec(in);
       in_rec.readers.push_back(op_id);
-      SetPoolFlag(in_rec, PoolEntry::kAwaitsReader, false);  // read now (Note [One flag, one write])
+      SyncAwaitsReaderFlag(in_rec);  // read now
       if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
     }
     for (StorageId out : outputs) {
@@ -341,7 +341,7 @@ absl::Status Runtime::AddRef(StorageId id) {
   StorageRecord* r = storages_.Find(id);
   if (ABSL_PREDICT_FALSE(r == nullptr)) return UnknownStorage(id, "add reference");
   ++r->external_refs;
-  SetPoolFlag(*r, PoolEntry::kAwaitsReader, AwaitsReader(*r));  // Note [One flag, one write]
+  SyncAwaitsReaderFlag(*r);
   return absl::OkStatus();
 }
 
@@ -351,7 +351,7 @@ absl::Status Runtime::DropRef(StorageId id) {
   if (r->external_refs == 0)
     return absl::FailedPreconditionError(absl::StrCat("drop reference: ", IdString(id), " has none"));
   if (--r->external_refs == 0) {
-    SetPoolFlag(*r, PoolEntry::kAwaitsReader, false);  // Note [One flag, one write]: no refs, not awaiting
+    SyncAwaitsReaderFlag(*r);
     OnUnreferenced(id);
   }
   DrainCollection();

@@ -270,6 +270,10 @@ class Runtime {
     PoolEntry& e = pool_[r.pool_index];
     e.flags = on ? (e.flags | flag) : (e.flags & ~uint64_t(flag));
   }
+  // After a change of a program reference or a reader (Note [Results awaiting their reader]).
+  void SyncAwaitsReaderFlag(const StorageRecord& r) {
+    SetPoolFlag(r, PoolEntry::kAwaitsReader, AwaitsReader(r));
+  }
   // Inline: it refreshed the entry at every lock, unlock and touch (about eight an op) until
   // stop 68, which cost some 360 instructions an op as a call; the other refreshes remain.
   static void FillPoolEntry(const StorageRecord& r, PoolEntry* e) {
