@@ -65,6 +65,7 @@ absl::Status Engine::Init() {
     if (!path.ok()) return path.status();
     trace_.open(*path, std::ios::out | std::ios::trunc);
     if (!trace_) return absl::InvalidArgumentError("dtr: cannot open DTR_TRACE_FILE " + *path);
+    tracing_ = true;
     trace_ << "dtr-trace " << sim::kTraceVersion << "\n# written by libdtr_torch\n";  // Note [Trace format]
   }
   return absl::OkStatus();

@@ -431,9 +431,10 @@ class Engine final : public ReplayBackend,
   void DeleteEntry(Entry* e);
   void Check(const absl::Status& s, const char* what);
   // Callers test tracing() first: building the line costs more than most ops' bookkeeping.
-  bool tracing() const { return trace_.is_open(); }
+  // A flag rather than trace_.is_open(), an out-of-line call that every op made several times.
+  bool tracing() const { return tracing_; }
   void TraceLine(const std::string& s) {
-    if (trace_.is_open()) trace_ << s << '\n';
+    if (tracing_) trace_ << s << '\n';
   }
   std::string TName(Entry* e) { return absl::StrCat("t", e->trace_id); }
 
@@ -480,17 +481,37 @@ class Engine final : public ReplayBackend,
   // and rematerialization time spent inside the fallback is subtracted too; what remains is dtr's
   // bookkeeping (classification, recording, pinning, tracing). Recorded op costs exclude eviction.
   double search_ns_ = 0, hook_ns_ = 0, exec_ns_ = 0, hook_search_ns_ = 0, hook_remat_ns_ = 0;
+  // Note [Program time between ops] (runtime/remat.cc): when the last managed op ended, and the
+  // search and rematerialization clocks then (0: no op yet); hook_depth_ counts nested clocks.
+  double last_op_end_ns_ = 0, search_at_op_end_ = 0, remat_at_op_end_ = 0;
+  int hook_depth_ = 0;
   struct HookClock {
     explicit HookClock(Engine* e)
-        : e_(e), t0_(NowNs()), search0_(e->search_ns_), remat0_(e->rt_->stats().remat_cost) {}
+        : e_(e), t0_(NowNs()), search0_(e->search_ns_), remat0_(e->rt_->stats().remat_cost) {
+      if (e_->hook_depth_++ == 0 && e_->last_op_end_ns_ > 0) e_->NoteProgramTime(*this);
+    }
     ~HookClock() {
-      e_->hook_ns_ += NowNs() - t0_;
+      const double t1 = NowNs();
+      e_->hook_ns_ += t1 - t0_;
       e_->hook_search_ns_ += e_->search_ns_ - search0_;
       e_->hook_remat_ns_ += e_->rt_->stats().remat_cost - remat0_;
+      if (--e_->hook_depth_ == 0) {
+        e_->last_op_end_ns_ = t1;
+        e_->search_at_op_end_ = e_->search_ns_;
+        e_->remat_at_op_end_ = e_->rt_->stats().remat_cost;
+      }
     }
     Engine* e_;
     double t0_, search0_, remat0_;
   };
+  // Note [Program time between ops]: tells the runtime (and the trace) the program's own time
+  // since the last managed op ended, up to the start of `clock`'s. A pause longer than
+  // kMostProgramTimeNs (building the model, saving a checkpoint, waiting for input) counts as
+  // that much: it says little of a step's pace, and a pause of seconds in a window of
+  // millisecond ops would excuse a thrashing budget for thousands of ops (with a 1 s cap the
+  // chain at 0.19 of its peak trained on at 80 times its plain step).
+  static constexpr double kMostProgramTimeNs = 1e7;
+  void NoteProgramTime(const HookClock& clock);
   // Note [Scratch memory] (runtime/runtime.cc): an op's workspace is the allocator's high-water
   // mark while it runs above what it started and ended with. An estimate: ops running at the same
   // time on other threads add to it, bytes evicted during the op hide as much workspace, and an
@@ -523,6 +544,7 @@ class Engine final : public ReplayBackend,
   }
   int next_trace_id_ = 0;
   std::ofstream trace_;
+  bool tracing_ = false;  // trace_ is open: set once, when the engine starts
   // Note [Unevictable memory by reason]: interned reasons (0 is ""), and the snapshot at the
   // largest tracked memory so far with what each unevictable storage was, so a report can leave
   // some out.

@@ -200,8 +200,8 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
   };
   for (const Factor& k : {
            Factor{"DTR_MAX_RECOMPUTE", 0,
-                  "the most recomputation, as a multiple of the program's own work, before a budget counts as "
-                  "too small (default 50; 0: no limit)",
+                  "the most recomputation, as a multiple of the program's own time (its ops and the time "
+                  "between them), before a budget counts as too small (default 10; 0: no limit)",
                   &c.max_recompute_ratio},
            Factor{"DTR_BACKWARD_PROTECTION", 1,
                   "how many times worse an activation may score and still be evicted before what the backward "

@@ -78,7 +78,7 @@ struct DtrEnvConfig {
   std::string trace_file;
   int verbose = 0;
   uint32_t max_replay_depth = 1000;  // Note [Bounded replay chains] (runtime/runtime.cc)
-  double max_recompute_ratio = 50;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
+  double max_recompute_ratio = 10;   // Note [Recomputation limit] (runtime/remat.cc); 0: none
   // Note [Results of the backward pass] (runtime/eviction_search.cc); 1: none.
   double backward_protection = RuntimeConfig{}.backward_protection;
   // Note [Next use in a backward pass] (runtime/eviction_search.cc); 0: staleness alone.

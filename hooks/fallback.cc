@@ -106,6 +106,16 @@ static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, siz
   rr->scalars = std::move(scalars);
 }
 
+void Engine::NoteProgramTime(const HookClock& clock) {
+  // Searches and replays between the ops (an allocation in an op dtr lets pass, a tensor the
+  // program exposed) are dtr's overhead, counted as such already.
+  const double outside = (clock.search0_ - search_at_op_end_) + (clock.remat0_ - remat_at_op_end_);
+  const double program = std::min(clock.t0_ - last_op_end_ns_ - outside, kMostProgramTimeNs);
+  if (!(program > 0)) return;
+  rt_->AddProgramTime(program);
+  if (tracing()) TraceLine(absl::StrCat("wait ", int64_t(program)));  // Note [Trace format]
+}
+
 void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Fake);
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
@@ -159,7 +169,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
   // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
   // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
-  const bool backward = torch::autograd::get_current_graph_task_id() != -1;
+  // Read where an op is recorded or traced: a thread-local lookup that views and the ops let pass
+  // do not need.
+  auto backward = [] { return torch::autograd::get_current_graph_task_id() != -1; };
   // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
   // work: data loading, CPU scalars) is none of dtr's business.
   // Not under the engine lock: a CPU collective (wait_tensor on a gloo mesh) may block on a
@@ -330,7 +342,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     Runtime::MutateCall mc{info.interned_name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
     mc.name_interned = true;
     mc.invalidate_readers = cfg_.rule_enabled(2);
-    mc.backward = backward;
+    mc.backward = backward();
     mc.overwrites = overwrites;
     bool mc_recorded = false;
     mc.recorded = &mc_recorded;
@@ -366,7 +378,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
       // Note [Trace format]: how the runtime recorded it.
       const char* kind = !replayable ? "mutate-opaque " : mc.overwrites ? "overwrite " : "mutate ";
-      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost, backward), trace_ins(), " ->", outs));
+      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->", outs));
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
@@ -394,7 +406,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) (void)rt_->Access(id, 0);
     } else {
-      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
+      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
     }
     return;
   }
@@ -475,7 +487,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     classified.seeded_no_gen = true;
     records_.Delete(rr);
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
     return;
   }
 
@@ -549,7 +561,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
     return;
   }
   absl::InlinedVector<uint64_t, 2> sizes;
@@ -557,7 +569,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   Runtime::OpCall call{info.interned_name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
   call.name_interned = true;
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
-  call.backward = backward;
+  call.backward = backward();
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
     records_.Delete(rr);
@@ -581,7 +593,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
-  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward), trace_ins(), " ->", trace_outs));
+  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->", trace_outs));
 }
 
 OpInfo& Engine::InfoOf(const c10::FunctionSchema& schema) {

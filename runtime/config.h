@@ -122,9 +122,10 @@ struct RuntimeConfig {
   // ops behind the nearest constants becomes a constant itself.
   uint32_t max_replay_depth = 1000;
   // Note [Recomputation limit] (remat.cc): a replay fails with ResourceExhausted once
-  // rematerialization has cost more than this many times the program's own computation over the
-  // recent ops (a window whose weights halve every recompute_half_life_ops ops). 0: no limit.
-  double max_recompute_ratio = 50;
+  // rematerialization has cost more than this many times the program's own time over the recent
+  // ops (a window whose weights halve every recompute_half_life_ops ops): its ops' costs and the
+  // time between them (Note [Program time between ops]). 0: no limit.
+  double max_recompute_ratio = 10;
   uint64_t recompute_half_life_ops = 4096;
 
   absl::Status Validate() const;

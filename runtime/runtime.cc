@@ -432,7 +432,12 @@ absl::Status Runtime::SetHandle(StorageId id, uint64_t handle) {
 absl::Status Runtime::AddOpCost(OpId id, double delta) {
   OpRecord* op = ops_.Find(id);
   if (op == nullptr) return absl::NotFoundError(absl::StrCat("op ", id.packed(), " is no longer recorded"));
+  // An op's cost never goes below 0; what its storages, the statistics and the window gain is
+  // what the op gained, so a storage whose recipe has other ops keeps the sum of their costs
+  // (CheckInvariants) when a correction is larger than this op's cost.
+  const double old_cost = op->cost;
   op->cost = std::max(0.0, op->cost + delta);
+  delta = op->cost - old_cost;
   for (StorageId out : op->outputs) {
     StorageRecord* r = storages_.Find(out);
     if (r == nullptr || std::find(r->recipe.begin(), r->recipe.end(), id) == r->recipe.end()) continue;

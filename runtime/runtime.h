@@ -154,6 +154,10 @@ class Runtime {
   // The cost of an op the caller ran without recording it (a view, an op that cannot be
   // replayed): the program's own work, which the limit weighs the overhead against.
   void AddUnrecordedOpCost(double cost) { NoteBaseCost(std::max(cost, 0.0)); }
+  // Note [Program time between ops] (remat.cc): time the program spent between two of its ops
+  // (Python, dispatch, work dtr does not see), weighed with its ops' costs. Not an op: it moves
+  // neither the window's decay nor the thrash count.
+  void AddProgramTime(double time) { window_base_cost_ += std::max(time, 0.0); }
 
   struct Candidate {
     StorageId id;

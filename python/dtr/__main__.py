@@ -23,8 +23,8 @@ USAGE = """usage: python -m dtr [--budget B] [--stats-file F] [--heuristic H] [-
                    unlimited (default: no cap; dtr then tracks and reports peaks)
   --stats-file F   JSON statistics written at exit; {rank} and {pid} in F expand per process
   --heuristic H    eviction heuristic: dtr (default), dtr-eq, dtr-local, lru, size, msps, random
-  --max-recompute X  out of memory once recomputing costs X times the program's own ops
-                   (default 50; 0: train however slowly)
+  --max-recompute X  out of memory once recomputing costs X times the program's own time
+                   (default 10; 0: train however slowly)
   --info           versions, build features and the parsed configuration; refuses a mismatched torch
   --print-lib      the preload library's path, for LD_PRELOAD=$(python -m dtr --print-lib)
 Each option sets the DTR_* variable of the same name (README); DTR_* already in the environment

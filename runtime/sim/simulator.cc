@@ -303,6 +303,9 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         status = rt.DropRef(*s);
         break;
       }
+      case EventKind::kWait:  // Note [Program time between ops]
+        rt.AddProgramTime(e.cost);
+        break;
       case EventKind::kMark: {  // Note [Steady-state steps]
         const RuntimeStats& st = rt.stats();
         result.marks.push_back(MarkCosts{e.name, result.events_replayed, st.base_cost, st.total_cost(), st.evictions,

@@ -166,10 +166,17 @@ class Parser {
       if (tok.size() != 2) return Error("expected 'mark LABEL'");
       e.kind = EventKind::kMark;
       e.name = std::string(tok[1]);
+    } else if (kind == "wait") {
+      if (version_ < 5) return Error("'wait' needs trace version 5");
+      if (tok.size() != 2) return Error("expected 'wait TIME'");
+      e.kind = EventKind::kWait;
+      auto time = Cost(tok[1]);
+      if (!time.ok()) return time.status();
+      e.cost = *time;
     } else {
       return Error(absl::StrCat("unknown event '", kind,
-                                "'; expected const, call, opaque, mutate, mutate-opaque, overwrite, copy, release "
-                                "or mark"));
+                                "'; expected const, call, opaque, mutate, mutate-opaque, overwrite, copy, release, "
+                                "mark or wait"));
     }
     trace_.events.push_back(std::move(e));
     return absl::OkStatus();
@@ -227,6 +234,9 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
         break;
       case EventKind::kMark:
         out << "mark " << e.name << "\n";
+        break;
+      case EventKind::kWait:
+        out << "wait " << e.cost << "\n";
         break;
     }
   }

@@ -3,7 +3,7 @@
 // copies and drops). The torch layer writes it (DTR_TRACE_FILE); dtr-sim replays it.
 //
 // Note [Trace format]
-//   dtr-trace 4                                  first non-comment line: magic and version
+//   dtr-trace 5                                  first non-comment line: magic and version
 //   # anything                                   comment (also blank lines)
 //   const T BYTES                                a constant storage (parameter, input) named T
 //   call NAME COST [scratch=B] [pass=backward] IN... -> OUT...
@@ -22,14 +22,19 @@
 //                                                trace_mark): dtr-sim reports its costs so far
 //                                                there, so a driver can measure the steps after
 //                                                a warm-up (Note [Steady-state steps])
+//   wait TIME                                    the program's own time since the last op
+//                                                ended (Python, dispatch, work dtr does not
+//                                                see), in clock units: Note [Program time
+//                                                between ops] (remat.cc)
 // Tensor names are tokens without whitespace, ':' or '='; every name is defined once (the
 // torch layer numbers them). COST is a non-negative number in clock units (ns for real runs).
 // Every op line (call, opaque, mutate, mutate-opaque, overwrite) may give, right after COST,
 // `scratch=B`: the bytes of workspace the op held beyond its inputs and outputs while it ran
 // (Note [Scratch memory], runtime.cc); absent means 0. After it may come `pass=backward`: the op ran
 // in a backward pass (Note [Results of the backward pass], eviction_search.cc).
-// Version 1 is version 2 without `scratch=`, version 2 is version 3 without `mark`, and version
-// 3 is version 4 without `pass=backward`; all are still read.
+// Version 1 is version 2 without `scratch=`, version 2 is version 3 without `mark`, version 3
+// is version 4 without `pass=backward`, and version 4 is version 5 without `wait`; all are
+// still read.
 // A new tensor holds one reference; a storage lives while any of its tensors is referenced.
 #ifndef DTR_RUNTIME_SIM_TRACE_H_
 #define DTR_RUNTIME_SIM_TRACE_H_
@@ -44,10 +49,10 @@
 
 namespace dtr::sim {
 
-inline constexpr int kTraceVersion = 4;
+inline constexpr int kTraceVersion = 5;
 inline constexpr int kOldestTraceVersion = 1;
 
-enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease, kMark };
+enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease, kMark, kWait };
 
 struct TraceOutput {
   int tensor = -1;
@@ -58,7 +63,7 @@ struct TraceOutput {
 struct TraceEvent {
   EventKind kind;
   std::string name;          // op name (call/opaque/mutate); mark: its label
-  double cost = 0;
+  double cost = 0;            // call/opaque/mutate: the op's; wait: the program's time
   uint64_t scratch = 0;      // call/opaque/mutate: Note [Scratch memory]
   bool backward = false;      // call/opaque/mutate: ran in a backward pass (pass=backward)
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)

@@ -1048,6 +1048,32 @@ TEST_F(RuntimeTest, ThrashingPastTheRecomputationLimitFailsClearly) {
   Check();
 }
 
+// Note [Program time between ops]: the window weighs the replays against the program's time
+// between its ops as well as its ops' costs, so the thrash above, in a program that spends 100
+// between reads, costs far less than 4x its time and passes a limit of 4; without the gaps the
+// same reads fail it. A gap is not an op: it does not reset the thrash count.
+TEST_F(RuntimeTest, ProgramTimeBetweenOpsCountsTowardTheRecomputationLimit) {
+  auto reads = [&](double gap) {
+    RuntimeConfig config;
+    config.budget_bytes = 5 + 30;
+    config.search = SearchMode::kExact;
+    config.max_recompute_ratio = 4;
+    Make(config);
+    std::vector<StorageId> chain = {Op1("a0", {Const(5)}, 10)};
+    for (int i = 1; i < 10; ++i) chain.push_back(Op1(absl::StrCat("a", i), {chain.back()}, 10));
+    for (int round = 0; round < 50; ++round)
+      for (StorageId id : {chain[9], chain[0], chain[7], chain[2], chain[5]}) {
+        rt_->AddProgramTime(gap);
+        if (absl::Status s = rt_->Access(id); !s.ok()) return s;
+        Check();
+      }
+    return absl::OkStatus();
+  };
+  EXPECT_EQ(reads(0).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(reads(100).ok());
+  EXPECT_GT(rt_->stats().remat_cost, 20 * rt_->stats().base_cost);  // it did thrash
+}
+
 // Note [Dead constants in accumulating recipes]: SGD with momentum, step after step. The
 // parameter update freezes the step's gradient (a dependent of the parameter); the momentum
 // buffer's recipe reads it through add_. Once the program drops the gradient, nothing may keep
@@ -1291,6 +1317,25 @@ TEST_F(RuntimeTest, DeferredCostCorrectionsReachRecipesAndEvictedNeighborhoods) 
   Check();
   ASSERT_TRUE(rt_->Access(b).ok());
   EXPECT_FALSE(rt_->AddOpCost(OpId{}, 1).ok());
+  Check();
+}
+
+// Note [Deferred op costs]: a correction larger than its op's cost takes that op to 0, and a
+// storage whose recipe has another op keeps that op's cost (it lost what the op lost, not the
+// whole correction).
+TEST_F(RuntimeTest, ACostCorrectionBelowZeroLeavesTheRestOfTheRecipe) {
+  Make(kUnlimitedBudget);
+  StorageId x = Const(4);
+  StorageId a = Op1("a", {x}, 10, 5);
+  StorageId mutated[] = {a};
+  ASSERT_TRUE(rt_->Mutate({"relu_", mutated, mutated, true, 0}, []() -> absl::StatusOr<double> { return 3.0; }).ok());
+  ASSERT_EQ(rt_->storage(a)->recipe.size(), 2u);
+  EXPECT_DOUBLE_EQ(rt_->storage(a)->cost, 8);
+  const double base = rt_->stats().base_cost;
+  ASSERT_TRUE(rt_->AddOpCost(rt_->storage(a)->recipe[0], -500).ok());
+  EXPECT_DOUBLE_EQ(rt_->op(rt_->storage(a)->recipe[0])->cost, 0);
+  EXPECT_DOUBLE_EQ(rt_->storage(a)->cost, 3);  // relu_'s
+  EXPECT_DOUBLE_EQ(rt_->stats().base_cost, base - 5);
   Check();
 }
 

@@ -334,15 +334,18 @@ TEST(Simulator, LoggedRematerializationsNameTheEventsThatCausedThem) {
 
 // Note [Thrashing rematerializations]: a generated TreeLSTM at 0.3 of its peak trains only by
 // replaying one op's inputs dozens of times over (82.6x with no limit, 20 s of simulation, so not
-// run here): the count limit stops it with the out-of-memory error before the cost window would
-// (at 17.8x), and a budget that trains without thrashing runs the same with or without it.
+// run here): the count limit stops it with the out-of-memory error before a cost window of 50
+// would (at 17.8x), and a budget that trains without thrashing runs the same with or without it.
+// (The default window of 10 stops this run first, at 10.3x: the window is set to 50 so that the
+// count is what is tested.)
 TEST(Simulator, AThrashingRematerializationStopsWithAClearError) {
   Trace trace = Generate("treelstm", 150);
   auto peak = UnconstrainedPeak(trace);
   ASSERT_TRUE(peak.ok());
-  SimOptions options;  // as `dtr-sim --generate treelstm --n 150 | dtr-sim --ratio 0.3 --seed 1`
+  SimOptions options;  // as `dtr-sim --generate treelstm --n 150 | dtr-sim --ratio 0.3 --seed 1 --max-recompute 50`
   options.runtime.search = SearchMode::kSampled;
   options.runtime.seed = 1;
+  options.runtime.max_recompute_ratio = 50;
   options.runtime.budget_bytes = uint64_t(std::floor(0.3 * double(*peak)));
   auto limited = Simulate(trace, options);
   ASSERT_TRUE(limited.ok()) << limited.status();
@@ -350,9 +353,10 @@ TEST(Simulator, AThrashingRematerializationStopsWithAClearError) {
   EXPECT_THAT(limited->error, HasSubstr("keeps evicting what it has just rebuilt"));
   EXPECT_THAT(limited->error, HasSubstr("DTR_MAX_RECOMPUTE=0"));
   EXPECT_THAT(limited->error, Not(HasSubstr("useful speed")));  // not the cost window
-  EXPECT_LT(limited->compute_ratio(), RuntimeConfig{}.max_recompute_ratio);
+  EXPECT_LT(limited->compute_ratio(), options.runtime.max_recompute_ratio);
 
   options.runtime.budget_bytes = uint64_t(std::floor(0.4 * double(*peak)));
+  options.runtime.max_recompute_ratio = RuntimeConfig{}.max_recompute_ratio;
   auto fits = Simulate(trace, options);
   options.runtime.max_recompute_ratio = 0;  // no limit
   auto fits_unlimited = Simulate(trace, options);

@@ -108,7 +108,7 @@ mark step-2
   EXPECT_EQ(trace->events[3].kind, EventKind::kMark);
   EXPECT_EQ(trace->events[3].name, "step-2");
   const std::string text = TraceToString(*trace);
-  EXPECT_THAT(text, HasSubstr("dtr-trace 4\n"));
+  EXPECT_THAT(text, HasSubstr("dtr-trace 5\n"));
   EXPECT_THAT(text, HasSubstr("\nmark step-1\ncall f 2 x -> y:8\nmark step-2\n"));
   auto again = ParseTrace(text);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -133,6 +133,27 @@ mutate h 1 pass=backward z -> z
   EXPECT_TRUE(trace->events[3].backward);
   const std::string text = TraceToString(*trace);
   EXPECT_THAT(text, HasSubstr("\ncall f 2 x -> y:8\ncall g 3 scratch=16 pass=backward y -> z:8\nmutate h 1 pass=backward z -> z\n"));
+  auto again = ParseTrace(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TraceToString(*again), text);
+}
+
+// Note [Program time between ops]: `wait` gives the program's own time before the next op.
+TEST(Trace, WaitsGiveTheProgramsTimeAndRoundTrip) {
+  auto trace = ParseTrace(R"(dtr-trace 5
+const x 8
+wait 1500
+call f 2 x -> y:8
+wait 0.5
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 4u);
+  EXPECT_EQ(trace->events[1].kind, EventKind::kWait);
+  EXPECT_EQ(trace->events[1].cost, 1500);
+  EXPECT_EQ(trace->events[3].kind, EventKind::kWait);
+  EXPECT_EQ(trace->events[3].cost, 0.5);
+  const std::string text = TraceToString(*trace);
+  EXPECT_THAT(text, HasSubstr("\nwait 1500\ncall f 2 x -> y:8\nwait 0.5\n"));
   auto again = ParseTrace(text);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(TraceToString(*again), text);
@@ -163,7 +184,10 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
     const char* message;
   } cases[] = {
       {"call f 1 -> y:1\n", "first line"},
-      {"dtr-trace 5\n", "unsupported trace version 5"},
+      {"dtr-trace 6\n", "unsupported trace version 6"},
+      {"dtr-trace 4\nwait 10\n", "'wait' needs trace version 5"},
+      {"dtr-trace 5\nwait\n", "expected 'wait TIME'"},
+      {"dtr-trace 5\nwait -1\n", "bad cost '-1'"},
       {"dtr-trace 3\nconst x 1\ncall f 1 pass=backward x -> y:1\n", "'pass=backward' needs trace version 4"},
       {"dtr-trace 4\nconst x 1\ncall f 1 x pass=backward -> y:1\n", "'pass=backward' is used before it is defined"},
       {"dtr-trace 2\nmark step\n", "'mark' needs trace version 3"},
