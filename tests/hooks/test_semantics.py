@@ -229,6 +229,34 @@ def test_trace_file_replays_in_simulator(tmp_path):
     assert "ok" in p.stdout, p.stdout[-2000:]
 
 
+def test_trace_waits_are_the_program_time_between_ops_at_most_10_ms(tmp_path):
+    """Note [Program time between ops]: before an op, the trace gives the time the program spent
+    since the last managed op ended (`wait`, in ns): a 4 ms sleep between two ops shows as at least
+    4 ms, a 30 ms one as the cap, 10 ms."""
+    f = tmp_path / "trace.txt"
+    code = """
+import time, torch
+x = torch.randn(64, 64)
+for i in range(3):
+    y = x @ x
+    time.sleep(0.004)
+    z = y.add(1)
+    time.sleep(0.03)
+"""
+    r = run([PY, "-c", code], preload=True, DTR_TRACE_FILE=str(f))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = f.read_text().splitlines()
+    before = {}  # op name -> the waits just before its lines
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("wait "):
+            op = next(l for l in lines[i + 1:] if l.startswith(("call ", "opaque ", "mutate ")))
+            before.setdefault(op.split()[1], []).append(int(line.split()[1]))
+    adds = before.get("aten::add.Tensor", [])
+    mms = before.get("aten::mm", [])
+    assert len(adds) == 3 and all(4e6 <= w <= 1e7 for w in adds), before
+    assert mms.count(10_000_000) == 2, before  # after the 30 ms sleeps of the first two rounds
+
+
 def test_trace_marks_let_the_simulator_measure_steps_apart(tmp_path):
     """Note [Steady-state steps]: dtr.trace_mark writes a mark into the trace, and dtr-sim reports
     the costs so far at each one, so the steps after a warm-up can be measured on their own. A

@@ -1051,7 +1051,7 @@ TEST_F(RuntimeTest, ThrashingPastTheRecomputationLimitFailsClearly) {
 // Note [Program time between ops]: the window weighs the replays against the program's time
 // between its ops as well as its ops' costs, so the thrash above, in a program that spends 100
 // between reads, costs far less than 4x its time and passes a limit of 4; without the gaps the
-// same reads fail it. A gap is not an op: it does not reset the thrash count.
+// same reads fail it.
 TEST_F(RuntimeTest, ProgramTimeBetweenOpsCountsTowardTheRecomputationLimit) {
   auto reads = [&](double gap) {
     RuntimeConfig config;
