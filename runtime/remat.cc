@@ -164,12 +164,12 @@ namespace dtr {
 // LSTM at 0.35; bench/results/cpu.md), which leave dtr's overhead at most about 6 times the
 // program's time, and no model's smallest working budget moved (stop 69's sweeps). On CUDA the
 // ratio is looser than the slowdown (not measured on a GPU): replays count their launch time,
-// not their kernels', and host gaps overlap the kernels the ops' costs count. Stop 52's measurement of the old window: on the sweep's traces (dtr-sim, op costs
-// only) a limit of 8 failed the TreeLSTM at r = 0.15 (7.11x, 18.50x, 8.63x) on two traces of
-// three and changed no other run, but real CPU runs of the tests' small LSTM and TreeLSTM,
-// whose steps are mostly Python and dispatch, passed 8x where the wall time did not move (the
-// TreeLSTM at 0.8 of its peak: 7.0 s against 7.7 s plain, 12 ms recomputing).
-// bench/results/runtime.md, stops 52 and 69.
+// not their kernels', and host gaps overlap the kernels the ops' costs count. Stop 52's
+// measurement of the old window: on the sweep's traces (dtr-sim, op costs only) a limit of 8
+// failed the TreeLSTM at r = 0.15 (7.11x, 18.50x, 8.63x) on two traces of three and changed no
+// other run, but real CPU runs of the tests' small LSTM and TreeLSTM, whose steps are mostly
+// Python and dispatch, passed 8x where the wall time did not move (the TreeLSTM at 0.8 of its
+// peak: 7.0 s against 7.7 s plain, 12 ms recomputing). bench/results/runtime.md, stops 52, 69.
 
 // Note [Program time between ops]
 // What a user feels is the step's wall time, and a program's ops are only part of it: between
@@ -177,8 +177,8 @@ namespace dtr {
 // small ops that is most of a step, so a window of op costs alone made the limit both too strict
 // (stop 52: the tests' small LSTM and TreeLSTM tripped a limit of 8 while their wall time did
 // not move) and too loose in the units a user reads (the chain at 0.203 of its peak took 27
-// times its plain step under the old default of 50). So the torch layer also tells the runtime the
-// time between the end of one managed op and the start of the next, less the searches and
+// times its plain step under the old default of 50). So the torch layer also tells the runtime
+// the time between the end of one managed op and the start of the next, less the searches and
 // replays that ran in between (AddProgramTime; one gap at most 10 ms, Engine::
 // kMostProgramTimeNs), and the window weighs the overhead against ops and gaps together: the
 // limit is a bound on the slowdown, over the recent ops, of the program as run. The trace
@@ -239,10 +239,10 @@ absl::Status Runtime::CheckRecomputation(absl::string_view op_name) {
   window_overhead_cost_ = 0;
   return absl::ResourceExhaustedError(absl::StrFormat(
       "dtr: the memory budget is too small to train at a useful speed: rematerializing and "
-      "choosing what to evict have cost %.3gx the program's own time (its ops and the time between "
-      "them) over the recent ops (limit %gx: DTR_MAX_RECOMPUTE, or dtr-sim's --max-recompute), and %s must be replayed "
-      "next. Raise the budget, or set DTR_MAX_RECOMPUTE=0 to allow any slowdown (Note "
-      "[Recomputation limit]).",
+      "choosing what to evict have cost %.3gx the program's own time (its ops and the time "
+      "between them) over the recent ops (limit %gx: DTR_MAX_RECOMPUTE, or dtr-sim's "
+      "--max-recompute), and %s must be replayed next. Raise the budget, or set "
+      "DTR_MAX_RECOMPUTE=0 to allow any slowdown (Note [Recomputation limit]).",
       ratio, limit, op_name));
 }
 

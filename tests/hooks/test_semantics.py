@@ -249,7 +249,7 @@ for i in range(3):
     before = {}  # op name -> the waits just before its lines
     for i, line in enumerate(lines[:-1]):
         if line.startswith("wait "):
-            op = next(l for l in lines[i + 1:] if l.startswith(("call ", "opaque ", "mutate ")))
+            op = next((l for l in lines[i + 1:] if l.startswith(("call ", "opaque ", "mutate "))), "- none")
             before.setdefault(op.split()[1], []).append(int(line.split()[1]))
     adds = before.get("aten::add.Tensor", [])
     mms = before.get("aten::mm", [])
