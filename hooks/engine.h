@@ -509,7 +509,9 @@ class Engine final : public ReplayBackend,
   // kMostProgramTimeNs (building the model, saving a checkpoint, waiting for input) counts as
   // that much: it says little of a step's pace, and a pause of seconds in a window of
   // millisecond ops would excuse a thrashing budget for thousands of ops (with a 1 s cap the
-  // chain at 0.19 of its peak trained on at 80 times its plain step).
+  // chain at 0.19 of its peak trained on at 80 times its plain step). The price: a program that
+  // waits longer than that between ops every step (a synchronous data loader) meets the limit at
+  // a smaller slowdown than its wall time would allow (README, DTR_MAX_RECOMPUTE).
   static constexpr double kMostProgramTimeNs = 1e7;
   void NoteProgramTime(const HookClock& clock);
   // Note [Scratch memory] (runtime/runtime.cc): an op's workspace is the allocator's high-water
