@@ -482,24 +482,22 @@ class Engine final : public ReplayBackend,
   // bookkeeping (classification, recording, pinning, tracing). Recorded op costs exclude eviction.
   double search_ns_ = 0, hook_ns_ = 0, exec_ns_ = 0, hook_search_ns_ = 0, hook_remat_ns_ = 0;
   // Note [Program time between ops] (runtime/remat.cc): when the last managed op ended, and the
-  // search and rematerialization clocks then (0: no op yet); hook_depth_ counts nested clocks.
+  // search and rematerialization clocks then (0: no op yet). Clocks never nest: the fallback,
+  // their one user, runs with the Fake key excluded, so nothing it calls comes back to it.
   double last_op_end_ns_ = 0, search_at_op_end_ = 0, remat_at_op_end_ = 0;
-  int hook_depth_ = 0;
   struct HookClock {
     explicit HookClock(Engine* e)
         : e_(e), t0_(NowNs()), search0_(e->search_ns_), remat0_(e->rt_->stats().remat_cost) {
-      if (e_->hook_depth_++ == 0 && e_->last_op_end_ns_ > 0) e_->NoteProgramTime(*this);
+      if (e_->last_op_end_ns_ > 0) e_->NoteProgramTime(*this);
     }
     ~HookClock() {
-      const double t1 = NowNs();
+      const double t1 = NowNs(), remat1 = e_->rt_->stats().remat_cost;
       e_->hook_ns_ += t1 - t0_;
       e_->hook_search_ns_ += e_->search_ns_ - search0_;
-      e_->hook_remat_ns_ += e_->rt_->stats().remat_cost - remat0_;
-      if (--e_->hook_depth_ == 0) {
-        e_->last_op_end_ns_ = t1;
-        e_->search_at_op_end_ = e_->search_ns_;
-        e_->remat_at_op_end_ = e_->rt_->stats().remat_cost;
-      }
+      e_->hook_remat_ns_ += remat1 - remat0_;
+      e_->last_op_end_ns_ = t1;
+      e_->search_at_op_end_ = e_->search_ns_;
+      e_->remat_at_op_end_ = remat1;
     }
     Engine* e_;
     double t0_, search0_, remat0_;

@@ -39,9 +39,10 @@ namespace dtr {
 // of a pool member refreshes its entry (SyncPool or RefreshPoolEntry; Touch writes the last
 // access; SetPoolFlag one flag, Note [One flag, one write]) before anything can search;
 // CheckInvariants compares every entry with its record between operations (locks are 0 there, so
-// kLocked is only checked clear), and the fuzzers fail if one refresh is left out. Decisions are the same as reading the records: dtr-sim's output is identical on
-// 168 runs (generated chain, U-Net, TreeLSTM and random DAG; seven heuristics; 0.7, 0.5 and 0.3
-// of the peak; sampled and exact search). runtime_bench (bench/results/runtime.md): ranking 32
+// kLocked is only checked clear), and the fuzzers fail if one refresh is left out. Decisions are
+// the same as reading the records: dtr-sim's output is identical on 168 runs (generated chain,
+// U-Net, TreeLSTM and random DAG; seven heuristics; 0.7, 0.5 and 0.3 of the peak; sampled and
+// exact search). runtime_bench (bench/results/runtime.md): ranking 32
 // candidates at 1e5 and 1e6 storages in 10.9 and 17.3 us, against 14.5 and 23.2 us; a dtr-eq
 // decision at 1e5 16.7 us against 20.2 us.
 //

@@ -95,6 +95,29 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s;
   }
   bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+  // Note [Recomputation limit]: a chain of ten activations with room for three, five of them read
+  // in turn 50 times over, replays much of it at each read while the program computes nothing
+  // more; before each read the program spends `gap` between its ops (Note [Program time between
+  // ops]). Returns the first error, or OK; *chain is the chain.
+  absl::Status ThrashAChain(double limit, double gap, std::vector<StorageId>* chain) {
+    RuntimeConfig config;
+    config.budget_bytes = 5 + 30;  // the input and three of the ten activations
+    config.search = SearchMode::kExact;
+    config.max_recompute_ratio = limit;
+    Make(config);
+    StorageId x = Const(5);
+    *chain = {Op1("a0", {x}, 10)};
+    for (int i = 1; i < 10; ++i) chain->push_back(Op1(absl::StrCat("a", i), {chain->back()}, 10));
+    const std::vector<StorageId>& c = *chain;
+    for (int round = 0; round < 50; ++round)
+      for (StorageId id : {c[9], c[0], c[7], c[2], c[5]}) {
+        rt_->AddProgramTime(gap);
+        absl::Status s = rt_->Access(id);
+        Check();
+        if (!s.ok()) return s;
+      }
+    return absl::OkStatus();
+  }
   // For the sampled-search tests: samples of 4 even from a small pool (Note [Small pools are
   // searched whole]), scored 1/size (fixed, whatever the clock), of storages of sizes 1 to 200,
   // each read by a live recipe (not a result awaiting its reader).
@@ -1009,34 +1032,12 @@ TEST_F(RuntimeTest, ScratchMemoryLearnedWhileTheOpRunsIsKept) {
 // running ever slower, loses nothing, and starts afresh after the error or a new budget.
 TEST_F(RuntimeTest, ThrashingPastTheRecomputationLimitFailsClearly) {
   std::vector<StorageId> chain;
-  auto thrash = [&](double limit, absl::Status* first_error) {
-    RuntimeConfig config;
-    config.budget_bytes = 5 + 30;  // the input and three of the ten activations
-    config.search = SearchMode::kExact;
-    config.max_recompute_ratio = limit;
-    Make(config);
-    StorageId x = Const(5);
-    chain = {Op1("a0", {x}, 10)};
-    for (int i = 1; i < 10; ++i) chain.push_back(Op1(absl::StrCat("a", i), {chain.back()}, 10));
-    // Reading five storages of the chain in turn, with room for three, replays much of it each
-    // time while the program itself computes nothing more: the ratio grows without bound.
-    for (int round = 0; round < 50; ++round)
-      for (StorageId id : {chain[9], chain[0], chain[7], chain[2], chain[5]}) {
-        absl::Status s = rt_->Access(id);
-        Check();
-        if (!s.ok()) {
-          *first_error = s;
-          return;
-        }
-      }
-  };
-  absl::Status error;
-  thrash(/*limit=*/0, &error);
+  absl::Status error = ThrashAChain(/*limit=*/0, /*gap=*/0, &chain);
   EXPECT_TRUE(error.ok()) << error;  // no limit: slow, but it runs
   const double unlimited_remat = rt_->stats().remat_cost;
   EXPECT_GT(unlimited_remat, 20 * rt_->stats().base_cost);
 
-  thrash(/*limit=*/4, &error);
+  error = ThrashAChain(/*limit=*/4, /*gap=*/0, &chain);
   ASSERT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
   EXPECT_THAT(std::string(error.message()), HasSubstr("too small to train at a useful speed"));
   EXPECT_THAT(std::string(error.message()), HasSubstr("DTR_MAX_RECOMPUTE=0"));
@@ -1053,24 +1054,9 @@ TEST_F(RuntimeTest, ThrashingPastTheRecomputationLimitFailsClearly) {
 // between reads, costs far less than 4x its time and passes a limit of 4; without the gaps the
 // same reads fail it.
 TEST_F(RuntimeTest, ProgramTimeBetweenOpsCountsTowardTheRecomputationLimit) {
-  auto reads = [&](double gap) {
-    RuntimeConfig config;
-    config.budget_bytes = 5 + 30;
-    config.search = SearchMode::kExact;
-    config.max_recompute_ratio = 4;
-    Make(config);
-    std::vector<StorageId> chain = {Op1("a0", {Const(5)}, 10)};
-    for (int i = 1; i < 10; ++i) chain.push_back(Op1(absl::StrCat("a", i), {chain.back()}, 10));
-    for (int round = 0; round < 50; ++round)
-      for (StorageId id : {chain[9], chain[0], chain[7], chain[2], chain[5]}) {
-        rt_->AddProgramTime(gap);
-        if (absl::Status s = rt_->Access(id); !s.ok()) return s;
-        Check();
-      }
-    return absl::OkStatus();
-  };
-  EXPECT_EQ(reads(0).code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(reads(100).ok());
+  std::vector<StorageId> chain;
+  EXPECT_EQ(ThrashAChain(/*limit=*/4, /*gap=*/0, &chain).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(ThrashAChain(/*limit=*/4, /*gap=*/100, &chain).ok());
   EXPECT_GT(rt_->stats().remat_cost, 20 * rt_->stats().base_cost);  // it did thrash
 }
 
