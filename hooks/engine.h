@@ -36,6 +36,7 @@
 #ifndef DTR_HOOKS_ENGINE_H_
 #define DTR_HOOKS_ENGINE_H_
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -462,6 +463,13 @@ class Engine final : public ReplayBackend,
   GeneratorSnapshots generator_snapshots_;  // what records of random ops keep (Note [Generator snapshots])
   std::unordered_map<c10::StorageImpl*, Entry*> foreign_;            // memory not ours
   std::unordered_map<const c10::FunctionSchema*, OpInfo> infos_;
+  // In front of infos_, direct-mapped by the schema's address: the ops of a training step are a
+  // few dozen, so nearly every lookup is one compare (InfoOf).
+  struct InfoCacheSlot {
+    const c10::FunctionSchema* schema = nullptr;
+    OpInfo* info = nullptr;
+  };
+  std::array<InfoCacheSlot, 256> info_cache_{};
   std::vector<Entry*> deaths_;
   // Note [Deaths released at once]: the entry whose storage is dying inside DropAtDeath, and
   // whether the runtime released it (Release saw it).

@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,8 +84,8 @@ using Operands = absl::InlinedVector<Operand, 8>;
 // Takes the scalar list (the fallback has no further use for it).
 static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, size_t base, const Operands& operands,
                            std::vector<ScalarArg>&& scalars) {
-  // Operands that are whole arguments are never copied (CopyArgs leaves an undefined tensor in
-  // their place); list elements are replaced in the copied lists.
+  // Operands that are whole arguments are never copied (CopyArgs leaves None in their place);
+  // list elements are replaced in the copied lists.
   uint64_t whole = 0;
   auto is_whole = [](const Path& p) { return p.elem < 0 && p.index < 64; };
   for (const Operand& o : operands)
@@ -158,14 +159,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (classified.kind == Kind::kPassthrough) return pass();
   // Note [Communication is never replayed]: on a communication backend's worker thread nothing
   // is recorded.
-  OpInfo unrecorded;
-  const bool comm_thread = OnCommunicationThread();
-  if (comm_thread) {
+  // Made only there: an OpInfo holds a string and a vector, built and destroyed for every op.
+  std::optional<OpInfo> unrecorded;
+  if (OnCommunicationThread()) {
     unrecorded = classified;
-    unrecorded.replayable = false;
-    if (unrecorded.kind == Kind::kRecord) unrecorded.kind = Kind::kOpaque;
+    unrecorded->replayable = false;
+    if (unrecorded->kind == Kind::kRecord) unrecorded->kind = Kind::kOpaque;
   }
-  const OpInfo& info = comm_thread ? unrecorded : classified;
+  const OpInfo& info = unrecorded ? *unrecorded : classified;
   // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
   // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
   // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
@@ -570,6 +571,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   call.name_interned = true;
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
   call.backward = backward();
+  call.inputs_held = true;  // `held` holds every one until this returns
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
     records_.Delete(rr);
@@ -597,11 +599,16 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 }
 
 OpInfo& Engine::InfoOf(const c10::FunctionSchema& schema) {
+  // A schema lives as long as its operator's registration, and infos_ is node-based: a cached
+  // pointer stays valid.
+  InfoCacheSlot& cached = info_cache_[(reinterpret_cast<uintptr_t>(&schema) >> 4) % info_cache_.size()];
+  if (cached.schema == &schema) return *cached.info;
   auto it = infos_.find(&schema);
   if (it == infos_.end()) {
     it = infos_.emplace(&schema, Classify(schema, !cfg_.rule_enabled(4))).first;
     it->second.interned_name = rt_->InternName(it->second.name);
   }
+  cached = {&schema, &it->second};
   return it->second;
 }
 

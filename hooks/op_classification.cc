@@ -98,10 +98,10 @@ at::Generator DefaultGenerator(c10::Device device) {
   return at::globalContext().defaultGenerator(device);
 }
 
-// The CPU generator's Mersenne Twister, by reference (Note [Reading torch's private members],
-// torch_compat.h): CPUGeneratorImpl::engine() and mt19937_engine::data() return 2.5 KB copies,
-// and GenMark::Now runs twice for most recorded ops (Note [Random ops without a Generator
-// argument]).
+// The CPU generator's Mersenne Twister and cached normal samples, by reference (Note [Reading
+// torch's private members], torch_compat.h): CPUGeneratorImpl::engine() and mt19937_engine::data()
+// return 2.5 KB copies, the samples' getters are calls out of line, and GenMark::Now runs twice
+// for most recorded ops (Note [Random ops without a Generator argument]).
 struct CpuGeneratorEngineTag {
   using type = at::mt19937 at::CPUGeneratorImpl::*;
   friend type Member(CpuGeneratorEngineTag);
@@ -110,8 +110,18 @@ struct Mt19937DataTag {
   using type = at::mt19937_data_pod at::mt19937_engine::*;
   friend type Member(Mt19937DataTag);
 };
+struct CpuFloatSampleTag {
+  using type = std::optional<float> at::CPUGeneratorImpl::*;
+  friend type Member(CpuFloatSampleTag);
+};
+struct CpuDoubleSampleTag {
+  using type = std::optional<double> at::CPUGeneratorImpl::*;
+  friend type Member(CpuDoubleSampleTag);
+};
 template struct PrivateMember<CpuGeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
 template struct PrivateMember<Mt19937DataTag, &at::mt19937_engine::data_>;
+template struct PrivateMember<CpuFloatSampleTag, &at::CPUGeneratorImpl::next_float_normal_sample_>;
+template struct PrivateMember<CpuDoubleSampleTag, &at::CPUGeneratorImpl::next_double_normal_sample_>;
 
 GenMark GenMark::Now(c10::Device device) {
   GenMark m;
@@ -122,13 +132,15 @@ GenMark GenMark::Now(c10::Device device) {
     m.offset = gen.get_offset();
     return m;
   }
-  at::CPUGeneratorImpl* g = at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
+  // The default CPU generator is one object for the life of the process (a function-local static
+  // in torch; seeding and set_rng_state change it in place).
+  static at::CPUGeneratorImpl* const g = at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
   const at::mt19937_data_pod& d = (g->*Member(CpuGeneratorEngineTag{})).*Member(Mt19937DataTag{});
   m.seed = d.seed_;
   m.left = d.left_;
   m.next = d.next_;
-  m.has_f = g->next_float_normal_sample().has_value();
-  m.has_d = g->next_double_normal_sample().has_value();
+  m.has_f = (g->*Member(CpuFloatSampleTag{})).has_value();
+  m.has_d = (g->*Member(CpuDoubleSampleTag{})).has_value();
   return m;
 }
 

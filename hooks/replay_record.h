@@ -166,15 +166,16 @@ void ForEachTensor(const c10::IValue* begin, size_t n, F&& f) {
 }
 
 // Copies arguments into *out (cleared first), deep-copying lists (c10::List has reference
-// semantics). Bit i of `leave_out` set: argument i is not copied, an undefined tensor takes its
-// place. Args: a std::vector (a replay's stack) or RecordedArgs.
+// semantics). Bit i of `leave_out` set: argument i is not copied, None takes its place (a
+// replay puts the operand there; None, unlike an undefined tensor, costs nothing to make, copy
+// and destroy). Args: a std::vector (a replay's stack) or RecordedArgs.
 template <typename Args>
 void CopyArgs(const c10::IValue* begin, const c10::IValue* end, Args* out, uint64_t leave_out = 0) {
   out->clear();
   out->reserve(end - begin);
   for (const c10::IValue* a = begin; a != end; ++a) {
     const size_t i = size_t(a - begin);
-    if (i < 64 && (leave_out >> i & 1) != 0) out->emplace_back(at::Tensor());
+    if (i < 64 && (leave_out >> i & 1) != 0) out->emplace_back();
     else if (!a->isList()) out->push_back(*a);  // isTensorList (not inline) implies isList
     else if (a->isTensorList()) out->emplace_back(a->toTensorList().copy());
     else out->emplace_back(a->toList().copy());

@@ -13,7 +13,8 @@
 // | private members read on every op:     | 2.13, 2.14      | PrivateMember (Note [Reading torch's private   |
 // |   Context::fp32_precision (also       |   (read there;  |   members], below); a renamed or retyped       |
 // |   written by replays),                |   2.11, 2.12    |   member fails to compile; what the map means  |
-// |   CPUGeneratorImpl::engine_,          |   unchecked)    |   is checked by tests/hooks/replay_state_test  |
+// |   CPUGeneratorImpl::engine_ and its   |   unchecked)    |   is checked by tests/hooks/replay_state_test  |
+// |   next_{float,double}_normal_sample_, |                 |                                                |
 // |   mt19937_engine::data_               |                 |                                                |
 // Binaries are per wheel: a dtr built against one torch is refused with another
 // (python/dtr/_library.py, check_torch).

@@ -73,20 +73,21 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     // The old contents are gone and nothing reads them any more (InvalidateReaders): the recipe
     // restarts here.
     if (overwrites) ClearRecipe(m);
-    OpRecord op;
-    op.name = call.name_interned ? call.name : InternName(call.name);
+    const absl::string_view name = call.name_interned ? call.name : InternName(call.name);
+    OpRecord* op;
+    const OpId op_id = ops_.Emplace(&op);
+    op->name = name;
     for (StorageId in : inputs)
-      if (in != m) op.inputs.push_back(in);
-    op.outputs.push_back(m);
-    op.output_sizes.push_back(rec(m).size);
-    op.cost = *cost;
-    op.scratch_bytes = scratch;
-    op.handle = call.handle;
-    op.in_place = true;
-    op.overwrites = overwrites;
-    op.recipe_users = 1;
-    op.backward = call.backward;
-    OpId op_id = ops_.Insert(std::move(op));
+      if (in != m) op->inputs.push_back(in);
+    op->outputs.push_back(m);
+    op->output_sizes.push_back(rec(m).size);
+    op->cost = *cost;
+    op->scratch_bytes = scratch;
+    op->handle = call.handle;
+    op->in_place = true;
+    op->overwrites = overwrites;
+    op->recipe_users = 1;
+    op->backward = call.backward;
     if (call.recorded != nullptr) *call.recorded = true;
     uint32_t depth = overwrites ? 1 : rec(m).replay_depth + 1;  // the recipe grows by one op
     for (StorageId in : ops_[op_id].inputs) {
@@ -123,6 +124,12 @@ bool Runtime::RecordsWrite(absl::Span<const StorageId> mutated, bool overwrites)
 }
 
 absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
+  // Nothing reads them (an optimizer's update of a parameter, once the step's graph is gone):
+  // no walk to set up.
+  if (std::all_of(mutated.begin(), mutated.end(), [&](StorageId m) { return rec(m).readers.empty(); })) {
+    DrainCollection();
+    return absl::OkStatus();
+  }
   // Note [Mutation]: walk downstream from the mutated storages through the unreferenced ones.
   std::vector<StorageId> freeze, bring_back, abandon, frontier, next;
   auto walk = [&] {

@@ -174,13 +174,13 @@ uint64_t Runtime::MeasuredScratch(const InputList& inputs, uint64_t out_bytes, u
 
 absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
   if (absl::Status s = Reserve(size, "a constant"); !s.ok()) return s;
-  StorageRecord r;
-  r.size = size;
-  r.external_refs = 1;
-  r.handle = handle;
-  r.last_access = now_;
-  r.constant_reason = ConstantReason::kAdded;
-  StorageId id = storages_.Insert(std::move(r));
+  StorageRecord* r;
+  StorageId id = storages_.Emplace(&r);
+  r->size = size;
+  r->external_refs = 1;
+  r->handle = handle;
+  r->last_access = now_;
+  r->constant_reason = ConstantReason::kAdded;
   memory_ += size;
   UpdatePeak(0);
   ++stats_.constants;
@@ -189,17 +189,22 @@ absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
 
 absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                          InputList* distinct) {
-  for (StorageId in : ids)
-    if (!storages_.Contains(in)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
-  for (StorageId in : ids)
-    if (!ContainsValue(*distinct, in)) distinct->push_back(in);
+  // One pass finds each record once: an unknown id fails before anything is locked.
+  bool all_resident = true;
+  for (StorageId in : ids) {
+    const StorageRecord* r = storages_.Find(in);
+    if (ABSL_PREDICT_FALSE(r == nullptr)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
+    if (ContainsValue(*distinct, in)) continue;
+    distinct->push_back(in);
+    all_resident = all_resident && r->resident();
+  }
   const auto missing = [&](StorageId in) { return !rec(in).resident(); };
-  if (config_.input_locking == InputLocking::kEager ||
-      std::none_of(distinct->begin(), distinct->end(), missing)) {
+  if (all_resident || config_.input_locking == InputLocking::kEager) {
     // Locked before any is brought back, so that bringing one back cannot evict another.
     for (StorageId in : *distinct) Lock(in);
+    if (all_resident) return absl::OkStatus();  // nearly every op
     for (StorageId in : *distinct) {
-      if (rec(in).resident()) continue;  // nearly every input: cheaper than Materialize's call
+      if (rec(in).resident()) continue;  // cheaper than Materialize's call
       if (absl::Status s = Materialize(in); !s.ok()) {
         UnlockAll(*distinct);
         return s;
@@ -234,11 +239,30 @@ void Runtime::UnlockAll(const InputList& ids) {
   DrainCollection();
 }
 
+absl::Status Runtime::DistinctHeld(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct) {
+  for (StorageId in : ids) {
+    const StorageRecord* r = storages_.Find(in);
+    if (ABSL_PREDICT_FALSE(r == nullptr)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
+    if (ABSL_PREDICT_FALSE(!r->resident() || r->locks == 0))
+      return absl::FailedPreconditionError(absl::StrCat("input ", IdString(in), " of ", op_name,
+                                                        " is not held (resident and locked) as the call says"));
+    if (!ContainsValue(*distinct, in)) distinct->push_back(in);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteFn execute) {
   NoteOpStart(call.backward, call.inputs);
   InputList inputs;
-  if (absl::Status s = LockAndMaterialize(call.name, call.inputs, &inputs); !s.ok()) return s;
-  auto unlock_inputs = [&] { UnlockAll(inputs); };
+  if (absl::Status s = call.inputs_held ? DistinctHeld(call.name, call.inputs, &inputs)
+                                        : LockAndMaterialize(call.name, call.inputs, &inputs);
+      !s.ok())
+    return s;
+  // Held inputs stay locked by the caller.
+  auto unlock_inputs = [&] {
+    if (call.inputs_held) DrainCollection();
+    else UnlockAll(inputs);
+  };
   uint64_t out_bytes = 0;
   for (uint64_t size : call.output_sizes) out_bytes += size;
   NoteOpBytes(inputs, out_bytes, call.scratch_bytes);
@@ -252,12 +276,12 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
 
   OutputIds outputs;
   for (uint64_t size : call.output_sizes) {
-    StorageRecord r;
-    r.size = size;
-    r.external_refs = 1;
+    StorageRecord* r;
+    outputs.push_back(storages_.Emplace(&r));
+    r->size = size;
+    r->external_refs = 1;
     // Note [Next use in a backward pass]: set here, so the pool entry SyncPool makes carries it.
-    r.awaits_backward = !call.backward && config_.backward_next_use > 0;
-    outputs.push_back(storages_.Insert(std::move(r)));
+    r->awaits_backward = !call.backward && config_.backward_next_use > 0;
   }
   memory_ += out_bytes;
   UpdatePeak(call.scratch_bytes);
@@ -277,17 +301,18 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
   NoteBaseCost(*cost);
 
   if (call.replayable && !outputs.empty()) {
-    OpRecord op;
-    op.name = call.name_interned ? call.name : InternName(call.name);
-    op.inputs.assign(inputs.begin(), inputs.end());
-    op.outputs.assign(outputs.begin(), outputs.end());
-    op.output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());
-    op.cost = *cost;
-    op.scratch_bytes = scratch;
-    op.handle = call.handle;
-    op.recipe_users = uint32_t(outputs.size());
-    op.backward = call.backward;
-    OpId op_id = ops_.Insert(std::move(op));
+    const absl::string_view name = call.name_interned ? call.name : InternName(call.name);
+    OpRecord* op;
+    const OpId op_id = ops_.Emplace(&op);
+    op->name = name;
+    op->inputs.assign(inputs.begin(), inputs.end());
+    op->outputs.assign(outputs.begin(), outputs.end());
+    op->output_sizes.assign(call.output_sizes.begin(), call.output_sizes.end());
+    op->cost = *cost;
+    op->scratch_bytes = scratch;
+    op->handle = call.handle;
+    op->recipe_users = uint32_t(outputs.size());
+    op->backward = call.backward;
     uint32_t depth = 1;
     for (StorageId in : inputs) {
       StorageRecord& in_rec = rec(in);
@@ -405,7 +430,8 @@ absl::Status Runtime::Unpin(StorageId id) {
 // evicted, under the lock, and touched then (Note [Staleness of replayed storages]); a release
 // deferred while it was held applies once the last lock goes (Unlock). Measured (callgrind, the
 // small-op loop of bench/op_overhead.py): about 0.8k instructions an op less than pins
-// (bench/results/runtime.md, "Per-op bookkeeping").
+// (bench/results/runtime.md, "Per-op bookkeeping"). Compute then reads held inputs as they are
+// (OpCall::inputs_held: checked, not locked and unlocked a second time).
 absl::Status Runtime::HoldOperand(StorageId id) {
   if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return UnknownStorage(id, "hold");
   bool brought_back;

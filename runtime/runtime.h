@@ -64,6 +64,9 @@ class Runtime {
     // backward pass], eviction_search.cc.
     bool backward = false;
     bool name_interned = false;  // `name` came from InternName: no lookup
+    // The caller holds every input (HoldOperand) until Compute returns: resident and locked, so
+    // Compute need not lock them again (an error if one is not held).
+    bool inputs_held = false;
   };
   // The runtime's one copy of an op name (op records keep it), for the runtime's life. A caller
   // that passes it back as a call's name with name_interned set saves a hash lookup an op.
@@ -208,6 +211,9 @@ class Runtime {
   absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
+  // Appends the distinct `ids`, which the caller holds (OpCall::inputs_held), to `distinct`; an
+  // error naming `op_name` if one is unknown or not resident and locked.
+  absl::Status DistinctHeld(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   // Lookup's error, out of line: the per-op calls (Access, HoldOperand, AddRef, DropRef,
   // SetHandle) find the record themselves and build no StatusOr.

@@ -231,6 +231,19 @@ TEST(GenMarkTest, ReadsTheDefaultCpuGeneratorAsItsPublicAccessorsDo) {
   EXPECT_TRUE(m == PublicMark());
   EXPECT_EQ(m.seed, 1234u);
   EXPECT_NE(m.next, 0u);
+  // The cached normal samples, read through the members themselves.
+  auto* g = at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
+  g->set_next_float_normal_sample(0.5f);
+  g->set_next_double_normal_sample(std::nullopt);
+  EXPECT_TRUE(GenMark::Now().has_f);
+  EXPECT_FALSE(GenMark::Now().has_d);
+  EXPECT_TRUE(GenMark::Now() == PublicMark());
+  g->set_next_float_normal_sample(std::nullopt);
+  g->set_next_double_normal_sample(0.5);
+  EXPECT_FALSE(GenMark::Now().has_f);
+  EXPECT_TRUE(GenMark::Now().has_d);
+  EXPECT_TRUE(GenMark::Now() == PublicMark());
+  g->set_next_double_normal_sample(std::nullopt);
 }
 
 TEST(GenMarkTest, EveryDrawFromTheDefaultCpuGeneratorShows) {

@@ -385,6 +385,45 @@ TEST_F(RuntimeTest, HeldOperandsAreBroughtBackNotEvictedAndDroppedAtRelease) {
   Check();
 }
 
+// OpCall::inputs_held: inputs the caller holds are read as they are (the torch layer holds an
+// op's operands while it runs, then records it): the op is recorded as with any call, its inputs
+// keep the caller's locks, and an input that is not held is refused before anything changes.
+TEST_F(RuntimeTest, HeldInputsAreRecordedWithoutLockingThemAgain) {
+  Make(1000);
+  StorageId x = Const(10);
+  StorageId a = Op1("a", {x}, 10);
+  ASSERT_TRUE(rt_->HoldOperand(x).ok());
+  ASSERT_TRUE(rt_->HoldOperand(a).ok());
+  const StorageId ins[] = {a, x, a};
+  const uint64_t sizes[] = {10};
+  Runtime::OpCall call{"b", ins, sizes, true, 0};
+  call.inputs_held = true;
+  auto b = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 2.0; });
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(rt_->storage(a)->locks, 1u);  // the caller's hold, no more and no less
+  EXPECT_EQ(rt_->storage(x)->locks, 1u);
+  ASSERT_EQ(rt_->storage((*b)[0])->recipe.size(), 1u);
+  const OpRecord* op = rt_->op(rt_->storage((*b)[0])->recipe[0]);
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->inputs.size(), 2u);  // distinct
+  EXPECT_EQ(op->cost, 2.0);
+  rt_->ReleaseOperand(a);
+  rt_->ReleaseOperand(x);
+  Check();
+  // b is not held: refused, and nothing was recorded.
+  const uint64_t memory = rt_->memory();
+  const StorageId unheld[] = {(*b)[0]};
+  Runtime::OpCall bad{"c", unheld, sizes, true, 0};
+  bad.inputs_held = true;
+  auto c = rt_->Compute(bad, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(c.status())) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("is not held"));
+  EXPECT_EQ(rt_->memory(), memory);
+  EXPECT_EQ(rt_->storage((*b)[0])->locks, 0u);
+  Check();
+}
+
 TEST_F(RuntimeTest, InfeasibleBudgetFailsWithAnExplanationAndChangesNothing) {
   Make(100);
   StorageId x = Const(60);
