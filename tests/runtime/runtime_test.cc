@@ -387,7 +387,8 @@ TEST_F(RuntimeTest, HeldOperandsAreBroughtBackNotEvictedAndDroppedAtRelease) {
 
 // OpCall::inputs_held: inputs the caller holds are read as they are (the torch layer holds an
 // op's operands while it runs, then records it): the op is recorded as with any call, its inputs
-// keep the caller's locks, and an input that is not held is refused before anything changes.
+// keep the caller's locks, and an input that is not held is refused: no output, no memory, no
+// lock taken.
 TEST_F(RuntimeTest, HeldInputsAreRecordedWithoutLockingThemAgain) {
   Make(1000);
   StorageId x = Const(10);
