@@ -187,17 +187,30 @@ absl::StatusOr<StorageId> Runtime::AddConstant(uint64_t size, uint64_t handle) {
   return id;
 }
 
-absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
-                                         InputList* distinct) {
-  // One pass finds each record once: an unknown id fails before anything is locked.
-  bool all_resident = true;
+template <typename Each>
+absl::Status Runtime::AppendDistinct(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct,
+                                     Each&& each) {
   for (StorageId in : ids) {
-    const StorageRecord* r = storages_.Find(in);
+    const StorageRecord* r = storages_.Find(in);  // each record found once
     if (ABSL_PREDICT_FALSE(r == nullptr)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
     if (ContainsValue(*distinct, in)) continue;
+    if (absl::Status s = each(in, *r); ABSL_PREDICT_FALSE(!s.ok())) return s;
     distinct->push_back(in);
-    all_resident = all_resident && r->resident();
   }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
+                                         InputList* distinct) {
+  // An unknown id fails before anything is locked.
+  bool all_resident = true;
+  if (absl::Status s = AppendDistinct(op_name, ids, distinct,
+                                      [&](StorageId, const StorageRecord& r) {
+                                        all_resident = all_resident && r.resident();
+                                        return absl::OkStatus();
+                                      });
+      !s.ok())
+    return s;
   const auto missing = [&](StorageId in) { return !rec(in).resident(); };
   if (all_resident || config_.input_locking == InputLocking::kEager) {
     // Locked before any is brought back, so that bringing one back cannot evict another.
@@ -240,15 +253,11 @@ void Runtime::UnlockAll(const InputList& ids) {
 }
 
 absl::Status Runtime::DistinctHeld(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct) {
-  for (StorageId in : ids) {
-    const StorageRecord* r = storages_.Find(in);
-    if (ABSL_PREDICT_FALSE(r == nullptr)) return Lookup(in, absl::StrCat("input of ", op_name)).status();
-    if (ABSL_PREDICT_FALSE(!r->resident() || r->locks == 0))
-      return absl::FailedPreconditionError(absl::StrCat("input ", IdString(in), " of ", op_name,
-                                                        " is not held (resident and locked) as the call says"));
-    if (!ContainsValue(*distinct, in)) distinct->push_back(in);
-  }
-  return absl::OkStatus();
+  return AppendDistinct(op_name, ids, distinct, [&](StorageId in, const StorageRecord& r) {
+    if (ABSL_PREDICT_TRUE(r.resident() && r.locks > 0)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("input ", IdString(in), " of ", op_name, " is not held (resident and locked) as the call says"));
+  });
 }
 
 absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteFn execute) {

@@ -211,8 +211,14 @@ class Runtime {
   absl::Status LockAndMaterialize(absl::string_view op_name, absl::Span<const StorageId> ids,
                                   InputList* distinct);
   void UnlockAll(const InputList& ids);
-  // Appends the distinct `ids`, which the caller holds (OpCall::inputs_held), to `distinct`; an
-  // error naming `op_name` if one is unknown or not resident and locked.
+  // Appends the distinct `ids` to `distinct`, calling each(id, record) on each first (its error
+  // stops the pass); an error naming `op_name` if one is unknown. LockAndMaterialize's and
+  // DistinctHeld's pass over an op's inputs (defined in runtime.cc, their one file).
+  template <typename Each>
+  absl::Status AppendDistinct(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct,
+                              Each&& each);
+  // AppendDistinct for ids the caller holds (OpCall::inputs_held); an error if one is not resident
+  // and locked.
   absl::Status DistinctHeld(absl::string_view op_name, absl::Span<const StorageId> ids, InputList* distinct);
   absl::StatusOr<StorageRecord*> Lookup(StorageId id, absl::string_view what);
   // Lookup's error, out of line: the per-op calls (Access, HoldOperand, AddRef, DropRef,
