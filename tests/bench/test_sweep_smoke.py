@@ -185,25 +185,24 @@ def test_activation_budgets_table(tmp_path):
 
 
 def test_op_overhead_reports_each_mode_against_plain():
-    """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, every dtr mode
-    with dtr in its loop (the script fails otherwise: the fallback active, the ops recorded under
-    the budget and none with no budget), and recording slower than plain in its fastest round
-    (about 1.7x on a quiet machine; the fastest round is the one other processes slowed least,
-    where a median of three moved 2.5x under CI's parallel tests). With no budget dtr adds about
-    0.15 us to this 1.3 us op, less than the noise between rounds (its fastest round was once
-    below plain's), so that mode is checked by the script's check, not by its time."""
+    """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, every round's
+    time printed, and every dtr mode with dtr in its loop (the script exits non-zero otherwise: the
+    fallback active, the ops recorded under the budget and none with no budget). Its times are not
+    compared here: dtr adds 0.15-2 us to a 1.3 us op, and under CI's parallel tests even the fastest
+    of three rounds moved more than that (1 TiB budget 3.31 us against plain 3.81 us in one CI run),
+    so the overhead is a benchmark's number (bench/results/runtime.md), not a test's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     r = subprocess.run([PY, os.path.join(REPO, "bench", "op_overhead.py"), "--rounds", "3", "--ops", "3000"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    rows, fastest = {}, {}
+    rows = {}
     for line in r.stdout.splitlines()[1:]:
         mode, rest = line[:14].strip(), line[14:].split()
+        rounds = [float(v) for v in rest[3:]]
+        assert len(rounds) == 3 and all(v > 0 for v in rounds), line
         rows[mode] = float(rest[1].rstrip("x"))
-        fastest[mode] = min(float(v) for v in rest[3:])  # the rounds' us/op
     assert set(rows) == {"plain", "no budget", "1 TiB budget"}, r.stdout
-    assert rows["plain"] == 1.0
-    assert fastest["1 TiB budget"] > fastest["plain"], r.stdout
+    assert rows["plain"] == 1.0 and all(v > 0 for v in rows.values()), r.stdout
 
 
 def test_a_crashed_worker_keeps_the_budgets_measured_before_it():
