@@ -821,6 +821,24 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   return cost;
 }
 
+uint64_t Engine::CopyReplay(const OpRecord& op, size_t output) {
+  const ReplayRecord& rr = *reinterpret_cast<const ReplayRecord*>(op.handle);
+  // A random op's record owns its generator snapshots (Note [Generator snapshots] pools those no
+  // record holds): rather than share them between two records, such a copy stays frozen.
+  if (rr.gen || rr.default_gen || output >= rr.outputs.size()) return 0;
+  ReplayRecord* copy = records_.New(rr.op);
+  CopyArgs(rr.args.data(), rr.args.data() + rr.args.size(), &copy->args);
+  copy->tensors = rr.tensors;
+  copy->scalars = rr.scalars;
+  copy->outputs.assign(1, rr.outputs[output]);
+  copy->gen_arg = rr.gen_arg;
+  copy->gen_device = rr.gen_device;
+  copy->default_dtype = rr.default_dtype;
+  copy->grad_enabled = rr.grad_enabled;
+  copy->flags = rr.flags;
+  return reinterpret_cast<uint64_t>(copy);
+}
+
 void Engine::AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* from) {
   c10::DataPtr dp = from->set_data_ptr(c10::DataPtr(nullptr, from->device()));
   Slot* ns = SlotOf(dp);
@@ -1108,6 +1126,7 @@ std::string Engine::StatsJson() {
       ",\"rematerializations\":", rs.rematerializations, ",\"replays\":", rs.replays,
       ",\"remat_seconds\":", rs.remat_cost * 1e-9, ",\"base_seconds\":", rs.base_cost * 1e-9,
       ",\"ops_recorded\":", rs.ops_recorded, ",\"constants\":", rs.constants, ",\"detached\":", rs.detached,
+      ",\"copies_given_recipes\":", rs.copies_given_recipes,
       ",\"op_seconds\":", exec_ns_ * 1e-9, ",\"search_seconds\":", search_ns_ * 1e-9,
       ",\"bookkeeping_seconds\":", std::max(0.0, hook_ns_ - exec_ns_ - hook_search_ns_ - hook_remat_ns_) * 1e-9,
       ",\"unevictable_bytes\":{\"constant\":", by.constant, ",\"exposed\":", by.exposed, ",\"external\":",

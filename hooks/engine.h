@@ -121,6 +121,9 @@ class Engine final : public ReplayBackend,
 
   // ---------------- ReplayBackend ----------------
   absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override;
+  // Note [Copies of overwritten contents] (runtime/mutation.cc): a record of its own that
+  // replays op's call as recorded and keeps only its output `output` (0 for a random op).
+  uint64_t CopyReplay(const OpRecord& op, size_t output) override;
   // Moves the memory of `from` (ours, just allocated by a replay) into e's storage `target`.
   void AdoptMemory(Entry* e, c10::StorageImpl* target, c10::StorageImpl* from);
   void Release(StorageId id, const StorageRecord& storage, bool permanently) override;

@@ -107,6 +107,35 @@ static void RecordOperands(ReplayRecord* rr, const torch::jit::Stack& stack, siz
   rr->scalars = std::move(scalars);
 }
 
+// Note [Copies of overwritten contents] (runtime/mutation.cc): whether a recorded clone's output
+// holds exactly the bytes of its input's storage, so that the op that made the input also makes
+// the copy: one dense input covering its whole storage from offset 0, copied with the same
+// dtype, sizes and strides into a storage of the same size.
+static bool CopiesWholeStorage(const ReplayRecord& rr, absl::Span<const StorageId> in_sids) {
+  if (rr.tensors.size() != 1 || rr.outputs.size() != 1 || in_sids.size() != 1) return false;
+  const TensorMeta& in = rr.tensors[0].meta;
+  const OutputSpec& out = rr.outputs[0];
+  if (in.offset != 0 || out.meta.offset != 0 || in.dtype != out.meta.dtype || in.conj || in.neg ||
+      in.wrapped_number || in.sizes != out.meta.sizes || in.strides != out.meta.strides)
+    return false;
+  // Dense and non-overlapping: the dimensions, by stride, step through the elements one by one,
+  // so they fill exactly numel x itemsize bytes.
+  absl::InlinedVector<std::pair<int64_t, int64_t>, 5> dims;  // (stride, size), sizes above 1
+  int64_t numel = 1;
+  for (size_t d = 0; d < in.sizes.size(); ++d) {
+    numel *= in.sizes[d];
+    if (in.sizes[d] != 1) dims.emplace_back(in.strides[d], in.sizes[d]);
+  }
+  if (numel == 0 || uint64_t(numel) * c10::elementSize(in.dtype) != out.nbytes) return false;
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 void Engine::NoteProgramTime(const HookClock& clock) {
   // Searches and replays between the ops (an allocation in an op dtr lets pass, a tensor the
   // program exposed) are dtr's overhead, counted as such already.
@@ -572,6 +601,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
   call.backward = backward();
   call.inputs_held = true;  // `held` holds every one until this returns
+  call.copies_input = info.clone && CopiesWholeStorage(*rr, in_sids);
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
   if (!out_sids.ok()) {
     records_.Delete(rr);
@@ -595,7 +625,9 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     (void)rt_->SetHandle(e->sid, reinterpret_cast<uint64_t>(e));
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
-  if (tracing()) TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->", trace_outs));
+  if (tracing())
+    TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward()), call.copies_input ? " copy=whole" : "",
+                           trace_ins(), " ->", trace_outs));
 }
 
 OpInfo& Engine::InfoOf(const c10::FunctionSchema& schema) {

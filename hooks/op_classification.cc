@@ -164,6 +164,7 @@ OpInfo Classify(const c10::FunctionSchema& schema, bool record_empty) {
   info.name = schema.name();
   if (!schema.overload_name().empty()) info.name += "." + schema.overload_name();
   const std::string& n = schema.name();
+  info.clone = info.name == "aten::clone";
   info.batch_norm = info.name == "aten::native_batch_norm" || info.name == "aten::cudnn_batch_norm" ||
                     info.name == "aten::miopen_batch_norm";
   bool has_tensor_arg = false, has_tensor_ret = false, aliased_ret = false;

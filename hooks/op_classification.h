@@ -38,6 +38,9 @@ struct OpInfo {
   // aten::native_batch_norm, cudnn_batch_norm or miopen_batch_norm (Note [Hidden mutation in
   // native_batch_norm], fallback.cc): decided here, not by comparing names on every op.
   bool batch_norm = false;
+  // aten::clone: its output may be a whole copy of its input's storage (Note [Copies of
+  // overwritten contents], runtime/mutation.cc; decided per call in the fallback).
+  bool clone = false;
   std::string name;
   absl::string_view interned_name;  // the runtime's copy of name (Runtime::InternName)
   // Note [Unevictable memory by reason] (hooks/memory_report.cc): its interned "written in place

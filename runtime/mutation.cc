@@ -175,10 +175,11 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
       absl::Status status = Materialize(t);
       Unlock(t);
       if (!status.ok()) return status;
-      Detach(t, ConstantReason::kMutatedAncestor);
+      if (!RecipeFromOriginal(t, mutated)) Detach(t, ConstantReason::kMutatedAncestor);
     }
   }
-  for (StorageId t : freeze) Detach(t, ConstantReason::kMutatedAncestor);
+  for (StorageId t : freeze)
+    if (!RecipeFromOriginal(t, mutated)) Detach(t, ConstantReason::kMutatedAncestor);
   // Nothing reads the abandoned storages any more: collecting them drops the old graph.
   for (StorageId t : abandon) {
     ++stats_.detached;
@@ -186,6 +187,73 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
   }
   DrainCollection();
   return absl::OkStatus();
+}
+
+// Note [Copies of overwritten contents]
+// Autograd saves a copy of a tensor that an in-place op overwrites when the op's derivative needs
+// the old values: SiLU(inplace=True) and Hardswish(inplace=True) clone their input, which
+// torchvision's EfficientNet and MobileNetV3 (and YOLO-style networks) run after most batch
+// norms; programs do it too (`y = x.clone(); x.mul_(2)`). The copy's recipe reads the old
+// contents, so Note [Mutation] froze it: EfficientNet-B0's training step kept about 55 MiB of
+// such copies as constants at half its activations. But the old contents are what the
+// original's recipe made: when the copy is a whole, equally laid out copy of the storage being
+// overwritten (OpCall::copies_input, a recorded clone) and that storage's recipe is one op that
+// created it, the copy takes that op as its own recipe, as if it had been that op's output (a
+// record of its own, with a replay handle the backend copies and that keeps only that output:
+// ReplayBackend::CopyReplay). It is then rematerializable like any activation, at the
+// producer's cost. Anything else (an original with in-place ops in its recipe, a partial copy,
+// a backend that cannot copy the handle, a copy not of the overwritten storage itself) is frozen
+// as before.
+bool Runtime::RecipeFromOriginal(StorageId copy, absl::Span<const StorageId> mutated) {
+  StorageRecord& r = rec(copy);
+  if (!r.resident() || r.recipe.size() != 1) return false;
+  const OpRecord& copy_op = ops_[r.recipe[0]];
+  if (!copy_op.copies_input || copy_op.outputs.size() != 1 || copy_op.outputs[0] != copy) return false;
+  const StorageId original = copy_op.inputs[0];
+  if (!ContainsValue(mutated, original)) return false;
+  const StorageRecord& orig = rec(original);
+  if (orig.recipe.size() != 1) return false;
+  const OpId producer_id = orig.recipe[0];
+  const OpRecord& producer = ops_[producer_id];
+  if (producer.in_place) return false;
+  const auto at = std::find(producer.outputs.begin(), producer.outputs.end(), original);
+  if (at == producer.outputs.end()) return false;
+  const size_t output = size_t(at - producer.outputs.begin());
+  if (producer.output_sizes[output] != r.size) return false;
+  const uint64_t handle = backend_->CopyReplay(producer, output);
+  if (handle == 0) return false;
+  ClearRecipe(copy);  // drops the copy op, the original's reader
+  OpRecord* op;
+  const OpId op_id = ops_.Emplace(&op);  // may move the records: read producer through its id
+  const OpRecord& p = ops_[producer_id];
+  op->name = p.name;
+  op->inputs = p.inputs;
+  op->outputs.push_back(copy);
+  op->output_sizes.push_back(r.size);
+  op->cost = p.cost;
+  op->scratch_bytes = p.scratch_bytes;
+  op->handle = handle;
+  op->backward = p.backward;
+  op->recipe_users = 1;
+  uint32_t depth = 1;
+  for (StorageId in : op->inputs) {
+    StorageRecord& in_rec = rec(in);
+    in_rec.readers.push_back(op_id);
+    SyncAwaitsReaderFlag(in_rec);
+    if (in_rec.rematerializable()) depth = std::max(depth, in_rec.replay_depth + 1);
+  }
+  StorageRecord& cr = rec(copy);
+  cr.recipe.push_back(op_id);
+  cr.cost = op->cost;
+  cr.replay_depth = depth;
+  cr.backward_recipe = op->backward;
+  ++stats_.copies_given_recipes;
+  if (depth > config_.max_replay_depth) {
+    Detach(copy, ConstantReason::kReplayDepth);  // Note [Bounded replay chains]
+    ++stats_.depth_limited;
+  }
+  SyncPool(copy);
+  return true;
 }
 
 }  // namespace dtr

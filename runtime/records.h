@@ -165,6 +165,9 @@ struct OpRecord {
   // starts from fresh memory (Runtime::MutateCall::overwrites).
   bool overwrites = false;
   bool backward = false;      // Runtime::OpCall::backward
+  // Its one output is a byte-for-byte copy of its one input storage (Runtime::OpCall::copies_input;
+  // Note [Copies of overwritten contents], mutation.cc).
+  bool copies_input = false;
   uint32_t recipe_users = 0;  // live storages whose recipe contains this op
 };
 

@@ -33,6 +33,10 @@ class ReplayBackend {
   virtual absl::Status OnRematerialized(StorageId id, const StorageRecord& storage) {
     return absl::OkStatus();
   }
+  // Note [Copies of overwritten contents] (mutation.cc): a handle of its own for a record that
+  // replays `op` as it was recorded and keeps only its output `output`; 0 if the backend cannot
+  // make one (the runtime then freezes the copy, as without this).
+  virtual uint64_t CopyReplay(const OpRecord& op, size_t output) { return 0; }
   // Called when an op record is dropped: no live storage can replay it any more.
   virtual void OnOpDropped(OpId id, const OpRecord& op) {}
 };

@@ -322,6 +322,7 @@ absl::StatusOr<Runtime::OutputIds> Runtime::Compute(const OpCall& call, ExecuteF
     op->handle = call.handle;
     op->recipe_users = uint32_t(outputs.size());
     op->backward = call.backward;
+    op->copies_input = call.copies_input && inputs.size() == 1 && outputs.size() == 1;
     uint32_t depth = 1;
     for (StorageId in : inputs) {
       StorageRecord& in_rec = rec(in);

@@ -67,6 +67,9 @@ class Runtime {
     // The caller holds every input (HoldOperand) until Compute returns: resident and locked, so
     // Compute need not lock them again (an error if one is not held).
     bool inputs_held = false;
+    // Its one output is a byte-for-byte copy of its one input storage, laid out alike (a clone of
+    // a whole dense storage): Note [Copies of overwritten contents], mutation.cc.
+    bool copies_input = false;
   };
   // The runtime's one copy of an op name (op records keep it), for the runtime's life. A caller
   // that passes it back as a call's name with name_interned set saves a hash lookup an op.
@@ -428,6 +431,9 @@ class Runtime {
 
   // Note [Mutation]; mutation.cc.
   absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
+  // Note [Copies of overwritten contents]: gives `copy`, a held resident copy of a storage in
+  // `mutated`, its original's recipe instead of freezing it; false (nothing changed) if it cannot.
+  bool RecipeFromOriginal(StorageId copy, absl::Span<const StorageId> mutated);
 
   // Note [Evicted components] (evicted_components.h); neighborhoods.cc.
   void MaybeCompactComponents();

@@ -20,6 +20,9 @@ struct RuntimeStats {
   uint64_t rematerializations = 0;    // storages brought back
   uint64_t replays = 0;               // op replays (a recipe may replay several ops)
   uint64_t detached = 0;              // storages made constant by a mutation of an input
+  // copies of a storage being overwritten given its recipe instead (Note [Copies of overwritten
+  // contents], mutation.cc)
+  uint64_t copies_given_recipes = 0;
   uint64_t depth_limited = 0;         // storages made constant at max_replay_depth
   uint64_t collected = 0;             // records dropped because nothing could need them
   uint64_t thrash_events = 0;         // see Note [Thrashing]

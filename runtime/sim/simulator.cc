@@ -26,6 +26,15 @@ class HashingBackend : public ReplayBackend {
  public:
   absl::StatusOr<double> Replay(OpId id, const OpRecord& op, absl::Span<const bool> keep) override {
     auto inputs = InputValues(op);
+    if (auto copied = copied_handles_.find(op.handle); copied != copied_handles_.end()) {
+      // Note [Copies of overwritten contents]: the original op's output, into the copy.
+      if (!inputs.ok()) return inputs.status();
+      if (values_.contains(op.outputs[0].packed()))
+        return absl::InternalError(absl::StrCat("replay of ", op.name, " asked to keep a resident output"));
+      values_[op.outputs[0].packed()] = OutputValue(copied->second.first, copied->second.second, *inputs);
+      resident_bytes_ += op.output_sizes[0];
+      return op.cost;
+    }
     if (!inputs.ok()) return inputs.status();
     if (op.overwrites) {  // first in its recipe: the storage comes back with this value
       if (values_.contains(op.outputs[0].packed()))
@@ -73,15 +82,26 @@ class HashingBackend : public ReplayBackend {
     return absl::OkStatus();
   }
 
-  // Values for a first execution.
+  // Note [Copies of overwritten contents]: a handle that replays `op` for its output `output`
+  // alone, out of the trace's handles (event indices).
+  uint64_t CopyReplay(const OpRecord& op, size_t output) override {
+    const auto original = copied_handles_.find(op.handle);
+    const std::pair<uint64_t, size_t> source =
+        original != copied_handles_.end() ? original->second : std::make_pair(op.handle, output);
+    const uint64_t handle = kFirstCopiedHandle + copied_handles_.size();
+    copied_handles_[handle] = source;
+    return handle;
+  }
+
+  // Values for a first execution; a copy (`copies_input`) has its input's value.
   absl::Status Created(uint64_t handle, absl::Span<const StorageId> inputs, absl::Span<const StorageId> outputs,
-                       absl::Span<const uint64_t> sizes) {
+                       absl::Span<const uint64_t> sizes, bool copies_input = false) {
     OpRecord op;
     op.inputs.assign(inputs.begin(), inputs.end());
     auto values = InputValues(op);
     if (!values.ok()) return values.status();
     for (size_t i = 0; i < outputs.size(); ++i) {
-      values_[outputs[i].packed()] = OutputValue(handle, i, *values);
+      values_[outputs[i].packed()] = copies_input && values->size() == 1 ? (*values)[0] : OutputValue(handle, i, *values);
       resident_bytes_ += sizes[i];
     }
     return absl::OkStatus();
@@ -127,6 +147,8 @@ class HashingBackend : public ReplayBackend {
     return h;
   }
 
+  static constexpr uint64_t kFirstCopiedHandle = uint64_t(1) << 62;  // above any event index
+  absl::flat_hash_map<uint64_t, std::pair<uint64_t, size_t>> copied_handles_;  // -> (handle, output)
   absl::flat_hash_map<uint64_t, uint64_t> values_;    // resident storage -> value
   absl::flat_hash_map<uint64_t, uint64_t> expected_;  // evicted storage -> value to reproduce
   uint64_t resident_bytes_ = 0;
@@ -247,8 +269,10 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options
         Runtime::OpCall call{e.name, inputs, sizes, e.kind == EventKind::kCall, handle};
         call.scratch_bytes = e.scratch;  // Note [Scratch memory]
         call.backward = e.backward;        // Note [Results of the backward pass]
+        call.copies_input = e.copies_input;  // Note [Copies of overwritten contents]
         auto outs = rt.Compute(call, [&](absl::Span<const StorageId> new_storages) -> absl::StatusOr<double> {
-          if (absl::Status s = backend.Created(handle, distinct, new_storages, sizes); !s.ok()) return s;
+          if (absl::Status s = backend.Created(handle, distinct, new_storages, sizes, e.copies_input); !s.ok())
+            return s;
           return e.cost;
         });
         if (!outs.ok()) return finish(outs.status());

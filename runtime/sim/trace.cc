@@ -107,6 +107,12 @@ class Parser {
         e.backward = true;
         ++i;
       }
+      if (i < tok.size() && tok[i] == "copy=whole") {
+        if (version_ < 6) return Error("'copy=whole' needs trace version 6");
+        if (e.kind != EventKind::kCall) return Error("'copy=whole' is for call lines");
+        e.copies_input = true;
+        ++i;
+      }
       for (; i < tok.size() && tok[i] != "->"; ++i) {
         auto t = Use(tok[i]);
         if (!t.ok()) return t.status();
@@ -213,6 +219,7 @@ void WriteTrace(const Trace& trace, std::ostream& out) {
         out << word << e.name << " " << e.cost;
         if (e.scratch > 0) out << " scratch=" << e.scratch;
         if (e.backward) out << " pass=backward";
+        if (e.copies_input) out << " copy=whole";
         for (int in : e.inputs) out << " " << names[in];
         out << " ->";
         if (e.kind == EventKind::kMutate) {

@@ -6,7 +6,7 @@
 //   dtr-trace 5                                  first non-comment line: magic and version
 //   # anything                                   comment (also blank lines)
 //   const T BYTES                                a constant storage (parameter, input) named T
-//   call NAME COST [scratch=B] [pass=backward] IN... -> OUT...
+//   call NAME COST [scratch=B] [pass=backward] [copy=whole] IN... -> OUT...
 //                                                an op; each OUT is T:BYTES (new storage) or
 //                                                T=BASE (a view of BASE's storage)
 //   opaque NAME COST IN... -> OUT...             like call, but not replayable (outputs are
@@ -31,10 +31,12 @@
 // Every op line (call, opaque, mutate, mutate-opaque, overwrite) may give, right after COST,
 // `scratch=B`: the bytes of workspace the op held beyond its inputs and outputs while it ran
 // (Note [Scratch memory], runtime.cc); absent means 0. After it may come `pass=backward`: the op ran
-// in a backward pass (Note [Results of the backward pass], eviction_search.cc).
+// in a backward pass (Note [Results of the backward pass], eviction_search.cc). A call may end its
+// options with `copy=whole`: its one output is a byte-for-byte copy of its one input's storage
+// (Runtime::OpCall::copies_input, Note [Copies of overwritten contents], mutation.cc).
 // Version 1 is version 2 without `scratch=`, version 2 is version 3 without `mark`, version 3
-// is version 4 without `pass=backward`, and version 4 is version 5 without `wait`; all are
-// still read.
+// is version 4 without `pass=backward`, version 4 is version 5 without `wait`, and version 5 is
+// version 6 without `copy=whole`; all are still read.
 // A new tensor holds one reference; a storage lives while any of its tensors is referenced.
 #ifndef DTR_RUNTIME_SIM_TRACE_H_
 #define DTR_RUNTIME_SIM_TRACE_H_
@@ -49,7 +51,7 @@
 
 namespace dtr::sim {
 
-inline constexpr int kTraceVersion = 5;
+inline constexpr int kTraceVersion = 6;
 inline constexpr int kOldestTraceVersion = 1;
 
 enum class EventKind { kConst, kCall, kOpaque, kMutate, kCopy, kRelease, kMark, kWait };
@@ -66,6 +68,7 @@ struct TraceEvent {
   double cost = 0;            // call/opaque/mutate: the op's; wait: the program's time
   uint64_t scratch = 0;      // call/opaque/mutate: Note [Scratch memory]
   bool backward = false;      // call/opaque/mutate: ran in a backward pass (pass=backward)
+  bool copies_input = false;  // call: copy=whole
   std::vector<int> inputs;   // tensor indices (mutate: all inputs)
   std::vector<TraceOutput> outputs;  // call/opaque: outputs; const: one output
   std::vector<int> mutated;  // mutate: written tensors, a subset of inputs

@@ -152,5 +152,20 @@ def unet():
     return m, batches, lambda m, b: F.mse_loss(m(b), b)
 
 
+def silu_cnn():
+    """EfficientNet's and MobileNetV3's blocks in small: conv, batch norm, then SiLU or Hardswish
+    in place, whose derivatives need the input they overwrite, so autograd saves a clone of it
+    (Note [Copies of overwritten contents], runtime/mutation.cc)."""
+    torch.manual_seed(0)
+    layers, ch = [], 3
+    for i, width in enumerate([16, 16, 32, 32, 32, 32]):
+        act = nn.Hardswish(inplace=True) if i % 3 == 2 else nn.SiLU(inplace=True)
+        layers += [nn.Conv2d(ch, width, 3, padding=1, stride=2 if i in (2, 4) else 1), nn.BatchNorm2d(width), act]
+        ch = width
+    m = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, 10))
+    batches = [(torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))) for _ in range(3)]
+    return m, batches, lambda m, b: F.cross_entropy(m(b[0]), b[1])
+
+
 MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "lstm": lstm,
-          "treelstm": treelstm, "unet": unet}
+          "treelstm": treelstm, "unet": unet, "silu_cnn": silu_cnn}

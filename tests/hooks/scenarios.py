@@ -87,6 +87,43 @@ def views_inplace():
     return {n: dg(t) for n, t in dict(x=x, y=y, v=v, z=z, w=w, o=o, m=m, p=p, q=q, r=r, s=s).items()}
 
 
+def copies_overwritten():
+    """Note [Copies of overwritten contents] (runtime/mutation.cc): copies of storages that an
+    in-place op then overwrites. Six are whole copies that take the original's recipe (a plain
+    clone, a multi-output op's second output, a channels-last clone that keeps its strides, the
+    clone autograd saves for silu_, and a copy of a copy); a clone of a view and a clone into
+    another memory format stay frozen. All are evicted and read back."""
+    torch.manual_seed(3)
+    x = torch.randn(64, 64)
+    a = x.exp()
+    c1 = a.clone()
+    a.mul_(2)
+    vals, ind = x.sort(1)
+    c2 = ind.clone()
+    ind.add_(1)
+    b = x.reshape(4, 4, 16, 16).contiguous(memory_format=torch.channels_last).exp()
+    c3 = b.clone()                                       # keeps channels-last strides: whole
+    c4 = b.clone(memory_format=torch.contiguous_format)  # other strides: frozen
+    b.sin_()
+    a2 = x.cos()
+    c5 = a2[:, :32].clone()                              # part of a2: frozen
+    a2.sin_()
+    w = torch.randn(64, 64, requires_grad=True)
+    h = x @ w
+    F.silu(h, inplace=True)                              # autograd saves a clone of h
+    loss = h.sum()
+    d = x.tanh()
+    e = d.clone()
+    d.mul_(3)
+    f = e.clone()                                        # a copy of a copy
+    e.add_(1)
+    evict_all()
+    loss.backward()
+    out = dict(a=a, c1=c1, vals=vals, ind=ind, c2=c2, b=b, c3=c3, c4=c4, a2=a2, c5=c5, h=h, grad=w.grad,
+               d=d, e=e, f=f)
+    return {n: dg(t) for n, t in out.items()}
+
+
 def multi_output():
     torch.manual_seed(2)
     x = torch.randn(128, 64).exp()
@@ -405,7 +442,8 @@ SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
                  replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
-                 overwritten=overwritten, deep_recipes=deep_recipes, dead_then_needed=dead_then_needed)
+                 overwritten=overwritten, deep_recipes=deep_recipes, dead_then_needed=dead_then_needed,
+                 copies_overwritten=copies_overwritten)
 
 if __name__ == "__main__":
     import os

@@ -41,6 +41,15 @@ def test_scenario_bit_identical_with_evictions(name):
     assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
 
 
+def test_copies_of_overwritten_contents_come_back_bit_identical():
+    """Note [Copies of overwritten contents]: the six whole copies take their originals' recipes
+    (the others are frozen), and every tensor reads back as plain PyTorch computes it."""
+    res, r = scenario("copies_overwritten", True)
+    assert res["out"] == plain("copies_overwritten")
+    assert res["dtr"]["copies_given_recipes"] == 6, res["dtr"]
+    assert res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
 def test_deaths_released_at_once_come_back_bit_identical():
     """Note [Deaths released at once]: storages dying while recorded ops read them are released
     in their deleter, and brought back (or kept, for a dead constant) when a replay needs them."""
@@ -211,7 +220,7 @@ def test_trace_file_replays_in_simulator(tmp_path):
     r = run([PY, TRAIN, "treelstm"], preload=True, DTR_TRACE_FILE=str(f))
     assert r.returncode == 0, r.stderr[-2000:]
     text = f.read_text()
-    assert text.startswith("dtr-trace 5")
+    assert text.startswith("dtr-trace 6")
     # Note [Program time between ops]: the program's time between its ops, each gap at most 10 ms.
     waits = [float(line.split()[1]) for line in text.splitlines() if line.startswith("wait ")]
     assert len(waits) > 100 and all(0 < w <= 1e7 for w in waits), waits[:10]

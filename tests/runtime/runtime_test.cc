@@ -43,6 +43,14 @@ class FakeBackend : public ReplayBackend {
     releases.push_back({id, permanently});
   }
   void OnOpDropped(OpId, const OpRecord& op) override { dropped_ops.emplace_back(op.name); }
+  // Note [Copies of overwritten contents]: handles for copied records, when `copy_replays`.
+  bool copy_replays = false;
+  std::vector<std::pair<std::string, size_t>> copied;  // (op name, output kept)
+  uint64_t CopyReplay(const OpRecord& op, size_t output) override {
+    if (!copy_replays) return 0;
+    copied.emplace_back(std::string(op.name), output);
+    return 1000 + copied.size();
+  }
 };
 
 class RuntimeTest : public ::testing::Test {
@@ -646,6 +654,101 @@ TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
   ASSERT_TRUE(rt_->Evict(a).ok());
   ASSERT_TRUE(rt_->Access(a).ok());
   EXPECT_EQ(backend_.replays, (std::vector<std::string>{"a", "relu_"}));
+  Check();
+}
+
+// Note [Copies of overwritten contents]: a whole copy of a storage an in-place op overwrites (what
+// autograd saves for SiLU(inplace=True)) takes the op that made the original as its recipe
+// instead of being frozen; a partial copy, an original already written in place, or a backend
+// that cannot copy the replay handle leave it frozen as before.
+TEST_F(RuntimeTest, ACopyOfOverwrittenContentsTakesItsOriginalsRecipe) {
+  Make(kUnlimitedBudget);
+  backend_.copy_replays = true;
+  StorageId x = Const(4);
+  auto copy_of = [&](StorageId original, uint64_t size, bool whole) {
+    StorageId in[] = {original};
+    uint64_t sizes[] = {size};
+    Runtime::OpCall call{"clone", in, sizes, true, 0};
+    call.copies_input = whole;
+    auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 0.5; });
+    EXPECT_TRUE(out.ok()) << out.status();
+    return (*out)[0];
+  };
+  auto write = [&](StorageId target, const char* name) {
+    StorageId t[] = {target};
+    ASSERT_TRUE(rt_->Mutate({name, t, t, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    Check();
+  };
+  auto reason = [&](StorageId id) { return rt_->storage(id)->constant_reason; };
+
+  // The original is the second output of a two-output op, as batch norm's would be first.
+  std::vector<StorageId> made = Op("bn", {x}, {2, 10}, /*cost=*/3);
+  StorageId a = made[1];
+  StorageId saved = copy_of(a, 10, true);
+  write(a, "silu_");
+  EXPECT_EQ(rt_->stats().copies_given_recipes, 1u);
+  EXPECT_EQ(rt_->stats().detached, 0u);
+  ASSERT_TRUE(rt_->storage(saved)->rematerializable());
+  EXPECT_EQ(reason(saved), ConstantReason::kNone);
+  ASSERT_EQ(rt_->storage(saved)->recipe.size(), 1u);
+  const OpRecord* op = rt_->op(rt_->storage(saved)->recipe[0]);
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->name, "bn");
+  EXPECT_EQ(op->inputs, (absl::InlinedVector<StorageId, 4>{x}));
+  EXPECT_EQ(op->outputs, (absl::InlinedVector<StorageId, 2>{saved}));
+  EXPECT_DOUBLE_EQ(rt_->storage(saved)->cost, 3.0);
+  EXPECT_EQ(backend_.copied, (std::vector<std::pair<std::string, size_t>>{{"bn", 1}}));
+  EXPECT_EQ(backend_.dropped_ops, (std::vector<std::string>{"clone"}));  // the copy op, read nothing else
+  // The copy comes back by the producer alone; the original by the producer and the write.
+  backend_.replays.clear();
+  ASSERT_TRUE(rt_->Evict(saved).ok());
+  ASSERT_TRUE(rt_->Access(saved).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"bn"}));
+  EXPECT_EQ(backend_.keeps.back(), (std::vector<bool>{true}));
+  backend_.replays.clear();
+  ASSERT_TRUE(rt_->Evict(a).ok());
+  ASSERT_TRUE(rt_->Access(a).ok());
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"bn", "silu_"}));
+  Check();
+
+  // An evicted copy is brought back by the copy op first, then takes the recipe.
+  StorageId b = Op1("b", {x}, 10);
+  StorageId evicted_copy = copy_of(b, 10, true);
+  ASSERT_TRUE(rt_->Evict(evicted_copy).ok());
+  backend_.replays.clear();
+  write(b, "silu_");
+  EXPECT_EQ(backend_.replays, (std::vector<std::string>{"clone"}));
+  EXPECT_TRUE(Resident(evicted_copy));
+  ASSERT_TRUE(rt_->storage(evicted_copy)->rematerializable());
+  EXPECT_EQ(rt_->op(rt_->storage(evicted_copy)->recipe[0])->name, "b");
+  EXPECT_EQ(rt_->stats().copies_given_recipes, 2u);
+
+  // Frozen as before: a copy not known to be whole, ...
+  StorageId c = Op1("c", {x}, 10);
+  StorageId part = copy_of(c, 10, false);
+  write(c, "silu_");
+  EXPECT_EQ(reason(part), ConstantReason::kMutatedAncestor);
+  // ... a copy of an original whose recipe already holds an in-place op, ...
+  StorageId d = Op1("d", {x}, 10);
+  write(d, "add_");
+  StorageId of_written = copy_of(d, 10, true);
+  write(d, "silu_");
+  EXPECT_EQ(reason(of_written), ConstantReason::kMutatedAncestor);
+  // ... a copy reached through a dead reader of the overwritten storage, ...
+  StorageId e = Op1("e", {x}, 10);
+  StorageId dead = Op1("neg", {e}, 10);
+  StorageId copy_of_dead = copy_of(dead, 10, true);
+  ASSERT_TRUE(rt_->DropRef(dead).ok());
+  write(e, "silu_");
+  EXPECT_EQ(reason(copy_of_dead), ConstantReason::kMutatedAncestor);
+  // ... and a copy whose replay handle the backend cannot copy.
+  backend_.copy_replays = false;
+  StorageId f = Op1("f", {x}, 10);
+  StorageId uncopied = copy_of(f, 10, true);
+  write(f, "silu_");
+  EXPECT_EQ(reason(uncopied), ConstantReason::kMutatedAncestor);
+  EXPECT_EQ(rt_->stats().copies_given_recipes, 2u);
+  EXPECT_EQ(rt_->stats().detached, 5u);  // the four frozen copies and the abandoned dead reader
   Check();
 }
 

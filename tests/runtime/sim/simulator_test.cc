@@ -424,6 +424,18 @@ call f 5 e c2 -> f:100
   }
 }
 
+// Simulates `trace` with its word `placeholder` replaced by `replacement`, under `budget` (dtr-eq).
+SimResult SimulateWith(std::string trace, const std::string& placeholder, const std::string& replacement,
+                       uint64_t budget) {
+  trace.replace(trace.find(placeholder), placeholder.size(), replacement);
+  auto parsed = ParseTrace(trace);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  if (!parsed.ok()) return SimResult{};
+  auto result = Simulate(*parsed, Options(budget, HeuristicKind::kDtrEq));
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : SimResult{};
+}
+
 // Note [Overwriting in-place ops] (hooks/op_classification.cc): a constant overwritten in full
 // becomes rematerializable (a dropout mask made by an unrecorded empty_like): at 300 bytes it
 // must be evicted while z is computed and brought back for g. Written by an opaque mutation
@@ -442,17 +454,41 @@ release w
 call g 5 m -> g:100
 )";
   for (const std::string write : {"overwrite", "mutate-opaque"}) {
-    std::string text = kTrace;
-    text.replace(text.find("WRITE"), 5, write);
-    auto trace = ParseTrace(text);
-    ASSERT_TRUE(trace.ok()) << trace.status();
-    auto result = Simulate(*trace, Options(300, HeuristicKind::kDtrEq));
-    ASSERT_TRUE(result.ok()) << result.status();
+    const SimResult result = SimulateWith(kTrace, "WRITE", write, 300);
     if (write == "overwrite") {
-      ASSERT_TRUE(result->ok) << result->error;
-      EXPECT_EQ(result->stats.rematerializations, 1u);  // m, its value checked
+      ASSERT_TRUE(result.ok) << result.error;
+      EXPECT_EQ(result.stats.rematerializations, 1u);  // m, its value checked
     } else {
-      EXPECT_FALSE(result->ok);
+      EXPECT_FALSE(result.ok);
+    }
+  }
+}
+
+// Note [Copies of overwritten contents] (mutation.cc): the copy autograd saves before silu_
+// overwrites y takes bn as its recipe, so at 300 bytes it is evicted while z is computed and
+// brought back by bn for g, its value checked against the copy's (y's before silu_). Not marked
+// as a whole copy, it is frozen by the write and the same budget is out of memory.
+TEST(Simulator, AWholeCopyOfOverwrittenContentsIsEvictable) {
+  const std::string kTrace = R"(dtr-trace 6
+const x 100
+call bn 5 x -> y:100
+call clone 1 COPY y -> s:100
+mutate silu_ 1 y -> y
+call z 5 y -> z:100
+release y
+call w 5 z -> w:100
+release z
+release w
+call g 5 s -> g:100
+)";
+  for (const bool whole : {true, false}) {
+    const SimResult result = SimulateWith(kTrace, "COPY", whole ? "copy=whole" : "", 300);
+    if (whole) {
+      ASSERT_TRUE(result.ok) << result.error;
+      EXPECT_EQ(result.stats.copies_given_recipes, 1u);
+      EXPECT_GE(result.stats.rematerializations, 1u);  // s, its value checked
+    } else {
+      EXPECT_FALSE(result.ok);
     }
   }
 }

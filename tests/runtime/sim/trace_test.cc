@@ -93,6 +93,21 @@ mutate add_ 1 scratch=64 e x -> e
   EXPECT_EQ(TraceToString(*again), text);
 }
 
+// Note [Copies of overwritten contents]: a call that copies its input says so, after pass=backward.
+TEST(Trace, AWholeCopyRoundTrips) {
+  auto trace = ParseTrace(R"(dtr-trace 6
+const x 8
+call clone 2 pass=backward copy=whole x -> y:8
+call f 2 y -> z:8
+)");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_TRUE(trace->events[1].copies_input);
+  EXPECT_TRUE(trace->events[1].backward);
+  EXPECT_FALSE(trace->events[2].copies_input);
+  const std::string text = TraceToString(*trace);
+  EXPECT_THAT(text, HasSubstr("\ncall clone 2 pass=backward copy=whole x -> y:8\ncall f 2 y -> z:8\n"));
+}
+
 // Note [Steady-state steps]: a mark is an event of its own, kept in order with its label.
 TEST(Trace, MarksNameAPointAndRoundTrip) {
   auto trace = ParseTrace(R"(dtr-trace 3
@@ -108,7 +123,7 @@ mark step-2
   EXPECT_EQ(trace->events[3].kind, EventKind::kMark);
   EXPECT_EQ(trace->events[3].name, "step-2");
   const std::string text = TraceToString(*trace);
-  EXPECT_THAT(text, HasSubstr("dtr-trace 5\n"));
+  EXPECT_THAT(text, HasSubstr("dtr-trace 6\n"));
   EXPECT_THAT(text, HasSubstr("\nmark step-1\ncall f 2 x -> y:8\nmark step-2\n"));
   auto again = ParseTrace(text);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -184,11 +199,13 @@ TEST(Trace, RejectsMalformedLinesWithTheirLineNumber) {
     const char* message;
   } cases[] = {
       {"call f 1 -> y:1\n", "first line"},
-      {"dtr-trace 6\n", "unsupported trace version 6"},
+      {"dtr-trace 7\n", "unsupported trace version 7"},
       {"dtr-trace 4\nwait 10\n", "'wait' needs trace version 5"},
       {"dtr-trace 5\nwait\n", "expected 'wait TIME'"},
       {"dtr-trace 5\nwait -1\n", "bad cost '-1'"},
       {"dtr-trace 3\nconst x 1\ncall f 1 pass=backward x -> y:1\n", "'pass=backward' needs trace version 4"},
+      {"dtr-trace 5\nconst x 1\ncall clone 1 copy=whole x -> y:1\n", "'copy=whole' needs trace version 6"},
+      {"dtr-trace 6\nconst x 1\nmutate f 1 copy=whole x -> x\n", "'copy=whole' is for call lines"},
       {"dtr-trace 4\nconst x 1\ncall f 1 x pass=backward -> y:1\n", "'pass=backward' is used before it is defined"},
       {"dtr-trace 2\nmark step\n", "'mark' needs trace version 3"},
       {"dtr-trace 3\nmark\n", "expected 'mark LABEL'"},
