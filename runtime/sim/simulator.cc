@@ -54,7 +54,8 @@ class HashingBackend : public ReplayBackend {
       if (!keep[i]) continue;
       if (values_.contains(op.outputs[i].packed()))
         return absl::InternalError(absl::StrCat("replay of ", op.name, " asked to keep a resident output"));
-      values_[op.outputs[i].packed()] = OutputValue(op.handle, i, *inputs);
+      // A whole copy replays to its input's value, as when it was made (Created).
+      values_[op.outputs[i].packed()] = op.copies_input ? (*inputs)[0] : OutputValue(op.handle, i, *inputs);
       resident_bytes_ += op.output_sizes[i];
     }
     return op.cost;

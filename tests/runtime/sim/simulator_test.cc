@@ -493,6 +493,29 @@ call g 5 s -> g:100
   }
 }
 
+// A whole copy nobody overwrites keeps its own clone as its recipe: an SGD momentum buffer,
+// `torch.clone(grad)` at the first step. At 300 bytes s is evicted while z is computed and
+// brought back by replaying the clone for g; its value is its input's, as when it was made
+// (the simulator gave a replayed copy a fresh value: torchvision's Swin failed its check).
+TEST(Simulator, AWholeCopyComesBackByItsOwnClone) {
+  const std::string kTrace = R"(dtr-trace 6
+const x 100
+call clone 1 COPY x -> s:100
+call y 5 x -> y:100
+call z 5 y -> z:100
+release y
+call w 5 z -> w:100
+release z
+release w
+call g 5 s -> g:100
+)";
+  for (const std::string copy : {"copy=whole", ""}) {
+    const SimResult result = SimulateWith(kTrace, "COPY", copy, 300);
+    ASSERT_TRUE(result.ok) << copy << ": " << result.error;
+    EXPECT_GE(result.stats.rematerializations, 1u) << copy;  // s, its value checked
+  }
+}
+
 TEST(Simulator, UsingAReleasedTensorIsABrokenTrace) {
   auto trace = ParseTrace("dtr-trace 1\nconst x 1\ncall a 1 x -> y:1\nrelease y\ncall b 1 y -> z:1\n");
   ASSERT_TRUE(trace.ok());
