@@ -22,6 +22,10 @@ namespace dtr {
 
 namespace {
 
+// Note [Dead constants in accumulating recipes]: the smallest dead input, as a fraction of an
+// accumulator, worth freezing the accumulator for.
+constexpr uint64_t kDeadConstantRatio = 4;
+
 template <typename Vec, typename T>
 void EraseValue(Vec& v, const T& x) {
   auto it = std::find(v.begin(), v.end(), x);
@@ -147,12 +151,16 @@ void Runtime::OnUnreferenced(StorageId id) {
 // slower for it (0.45 of its peak, three traces: 1.71-1.75x -> 1.77-1.81x; not from the
 // statistics alone), the TreeLSTM faster (0.25: 3.62-4.47x -> 3.24-4.27x).
 bool Runtime::FreezeHeldResultsOf(StorageId dying) {
-  absl::InlinedVector<StorageId, 4> frozen;
+  absl::InlinedVector<StorageId, 4> frozen, accumulators;
+  // Note [Accumulators of dead gradients]
+  const bool dying_gradient = rec(dying).rematerializable() && rec(dying).backward_recipe;
+  const uint64_t dying_size = rec(dying).size;
   for (OpId op_id : rec(dying).readers) {
     const OpRecord& op = ops_[op_id];
     const bool backward_result = op.backward && (op.in_place || config_.freeze_backward_results);
     const bool forward_result = !op.backward && !op.in_place && in_backward_pass_;
-    if (!backward_result && !forward_result) continue;
+    const bool accumulator = dying_gradient && !op.backward && (op.in_place || op.copies_input);
+    if (!backward_result && !forward_result && !accumulator) continue;
     absl::InlinedVector<StorageId, 2> outputs;
     size_t dead_siblings = 0;
     for (StorageId o : op.outputs) {
@@ -167,17 +175,23 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
         break;
       // The loss, not an activation the pass has still to read: the pass went back past its last
       // forward use (Note [Next use in a backward pass]).
-      if (forward_result && out->last_access < backward_mirror_) break;
+      if (forward_result && !accumulator && out->last_access < backward_mirror_) break;
+      // As for dead constants: a gradient's bytes for the accumulator's evictability, not a scalar's.
+      if (accumulator && dying_size * kDeadConstantRatio < out->size) break;
       outputs.push_back(o);
     }
     // Only if the op goes with them (freezing some of its results leaves it reading `dying`), or
     // if what keeps it is a dead sibling (Note [Dead siblings of a held result]).
     if (outputs.empty() || outputs.size() + dead_siblings != op.recipe_users) continue;
+    auto& into = accumulator ? accumulators : frozen;
     for (StorageId o : outputs)
-      if (!ContainsValue(frozen, o)) frozen.push_back(o);
+      if (!ContainsValue(frozen, o) && !ContainsValue(accumulators, o)) into.push_back(o);
   }
   for (StorageId o : frozen) Detach(o, ConstantReason::kHeldResult);
-  return !frozen.empty();
+  // Optimizer state, not a result of this runtime's choosing: Note [Memory floor] counts it as a
+  // constant, as it does the accumulators frozen for dead constants.
+  for (StorageId o : accumulators) Detach(o, ConstantReason::kAccumulator);
+  return !frozen.empty() || !accumulators.empty();
 }
 
 void Runtime::Banish(StorageId id) {
@@ -205,8 +219,6 @@ void Runtime::Detach(StorageId id, ConstantReason why) {
     ReleaseDeadConstant(id);
 }
 
-constexpr uint64_t kDeadConstantRatio = 4;
-
 // Note [Dead constants in accumulating recipes]
 // A storage updated in place step after step keeps every in-place op in its recipe (Note
 // [Mutation]): an SGD momentum buffer's recipe is clone(g0), mul_, add_(g1), mul_, add_(g2), ...
@@ -220,6 +232,22 @@ constexpr uint64_t kDeadConstantRatio = 4;
 // functional readers (activations) keep theirs: they die with their step. Dead constants much
 // smaller than the accumulator (under 1/kDeadConstantRatio of it) are kept: freezing a momentum
 // buffer for an 8-byte scalar made two training threads run out of their budget.
+// Note [Accumulators of dead gradients]
+// The same holds for a gradient that dies with its recipe: SGD's momentum buffer is
+// `torch.clone(grad)` at the first step and `buf.mul_(m).add_(grad)` after, ops of no backward
+// pass, and the buffer's recipe keeps each dead gradient's record, and the records behind it,
+// for as long as the buffer lives. Usually a gradient is frozen before it dies (the optimizer
+// updates the parameters it was computed from: Note [Mutation]) and the rule above frees it. A
+// gradient computed from no parameter is not: the bias gradient `sum(grad_output)` of a linear
+// layer whose grad_output is a frozen sum (Note [Held results of dead inputs]), as in the packed
+// q/k/v projection of nn.MultiheadAttention and torchvision's Swin, where the three
+// select_backward results are summed in place. Its record kept that frozen sum resident, a dead
+// constant, one more per step: torchvision's ViT and Swin under SGD with momentum grew by
+// 3.3 MiB a step (out of memory at half their activations after 3 steps). So when a gradient
+// (a rematerializable storage computed in a backward pass) dies, a resident held storage that a
+// forward op accumulated it into in place, or copied it whole into, is frozen as an accumulator
+// (FreezeHeldResultsOf), under the same size rule, and the gradient is collected with its
+// records. With AdamW the buffers are made by zeros_like and read the gradient only in place.
 void Runtime::ReleaseDeadConstant(StorageId id) {
   // Note [Frozen results pass it on]
   if (config_.freeze_held_results && config_.freeze_backward_results &&

@@ -30,7 +30,7 @@ enum class ConstantReason : uint8_t {
   kReplayDepth,        // recorded deeper than max_replay_depth (Note [Bounded replay chains])
   kMutatedAncestor,    // its recipe read contents a later in-place op changed (Note [Mutation])
   kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
-  kAccumulator,        // frozen to release a dead constant (Note [Dead constants in accumulating recipes])
+  kAccumulator,        // frozen to release a dead input (Note [Dead constants in accumulating recipes], [Accumulators of dead gradients])
   kHeldResult,         // frozen to release a dead input's recipes (Note [Held results of dead inputs])
 };
 inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kHeldResult) + 1;
@@ -43,7 +43,7 @@ inline const char* ConstantReasonName(ConstantReason reason) {
     case ConstantReason::kReplayDepth: return "replay chain deeper than max_replay_depth";
     case ConstantReason::kMutatedAncestor: return "computed from contents a later in-place op changed";
     case ConstantReason::kBanishedAncestor: return "computed from a banished storage";
-    case ConstantReason::kAccumulator: return "accumulator frozen to free a dead constant";
+    case ConstantReason::kAccumulator: return "accumulator frozen to free a dead input";
     case ConstantReason::kHeldResult: return "held result frozen to free the recipes behind it";
   }
   return "unknown";

@@ -657,6 +657,69 @@ TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
   Check();
 }
 
+// Note [Accumulators of dead gradients]: SGD's momentum buffer copies the first gradient whole and
+// accumulates later ones in place, ops of no backward pass. When such a gradient dies, the held
+// buffer is frozen and the gradient is collected with the records behind it, so the frozen sum it
+// was computed from (a constant here) goes when the program drops it. A forward storage read by a
+// forward in-place sum (an LSTM's gates) keeps the sum's recipe, and so does an accumulator more
+// than four times the size of the dying gradient.
+TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected) {
+  Make(1 << 20);
+  auto copy_of = [&](StorageId original) {
+    StorageId in[] = {original};
+    uint64_t sizes[] = {rt_->storage(original)->size};
+    Runtime::OpCall call{"clone", in, sizes, true, 0};
+    call.copies_input = true;
+    auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
+    EXPECT_TRUE(out.ok()) << out.status();
+    return (*out)[0];
+  };
+  auto accumulate = [&](StorageId into, StorageId what) {
+    std::vector<StorageId> in{into, what}, out{into};
+    ASSERT_TRUE(rt_->Mutate({"add_", in, out, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    Check();
+  };
+  // Step 1: the bias gradient of a frozen sum, copied into the momentum buffer.
+  const StorageId sum1 = Const(1000);
+  const StorageId grad1 = PassOp1("sum_backward", {sum1}, true);
+  const StorageId buf = copy_of(grad1);
+  EXPECT_TRUE(rt_->storage(buf)->rematerializable());
+  const uint64_t before = rt_->memory();
+  ASSERT_TRUE(rt_->DropRef(sum1).ok());
+  EXPECT_EQ(rt_->memory(), before);  // grad1's recipe reads it
+  ASSERT_TRUE(rt_->DropRef(grad1).ok());  // zero_grad(set_to_none=True)
+  EXPECT_EQ(rt_->storage(grad1), nullptr);
+  EXPECT_EQ(rt_->storage(sum1), nullptr);
+  EXPECT_EQ(rt_->memory(), before - 1000 - 100);
+  EXPECT_EQ(rt_->storage(buf)->constant_reason, ConstantReason::kAccumulator);
+  EXPECT_TRUE(Resident(buf));
+  Check();
+  // A later step accumulates into a buffer with a recipe (AdamW's zeros_like) in place.
+  const StorageId x = Const(1);
+  const StorageId avg = PassOp1("zeros_like", {x}, false);
+  const StorageId sum2 = Const(1000);
+  const StorageId grad2 = PassOp1("sum_backward", {sum2}, true);
+  accumulate(avg, grad2);
+  ASSERT_TRUE(rt_->DropRef(sum2).ok());
+  ASSERT_TRUE(rt_->DropRef(grad2).ok());
+  EXPECT_EQ(rt_->storage(sum2), nullptr);
+  EXPECT_EQ(rt_->storage(avg)->constant_reason, ConstantReason::kAccumulator);
+  // A forward sum in place keeps its recipe: the dying storage is no gradient.
+  const StorageId gates = PassOp1("gates", {x}, false);
+  const StorageId hidden = PassOp1("hidden", {x}, false);
+  accumulate(gates, hidden);
+  ASSERT_TRUE(rt_->DropRef(hidden).ok());
+  EXPECT_TRUE(rt_->storage(gates)->rematerializable());
+  EXPECT_FALSE(Resident(hidden));  // evicted, its record kept for the sum's recipe
+  // Nor is a buffer frozen for a gradient under a quarter of its size.
+  const StorageId big = PassOp1("zeros_like", {x}, false, 1000);
+  const StorageId small_grad = PassOp1("sum_backward", {x}, true, 200);
+  accumulate(big, small_grad);
+  ASSERT_TRUE(rt_->DropRef(small_grad).ok());
+  EXPECT_TRUE(rt_->storage(big)->rematerializable());
+  Check();
+}
+
 // Note [Copies of overwritten contents]: a whole copy of a storage an in-place op overwrites (what
 // autograd saves for SiLU(inplace=True)) takes the op that made the original as its recipe
 // instead of being frozen; a partial copy, an original already written in place, or a backend
