@@ -102,7 +102,7 @@ class HashingBackend : public ReplayBackend {
     auto values = InputValues(op);
     if (!values.ok()) return values.status();
     for (size_t i = 0; i < outputs.size(); ++i) {
-      values_[outputs[i].packed()] = copies_input && values->size() == 1 ? (*values)[0] : OutputValue(handle, i, *values);
+      values_[outputs[i].packed()] = copies_input && values->size() == 1 && outputs.size() == 1 ? (*values)[0] : OutputValue(handle, i, *values);
       resident_bytes_ += sizes[i];
     }
     return absl::OkStatus();

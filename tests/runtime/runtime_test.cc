@@ -672,7 +672,7 @@ TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected
     call.copies_input = true;
     auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
     EXPECT_TRUE(out.ok()) << out.status();
-    return (*out)[0];
+    return out.ok() ? (*out)[0] : StorageId{};
   };
   auto accumulate = [&](StorageId into, StorageId what) {
     std::vector<StorageId> in{into, what}, out{into};
@@ -711,6 +711,24 @@ TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected
   ASSERT_TRUE(rt_->DropRef(hidden).ok());
   EXPECT_TRUE(rt_->storage(gates)->rematerializable());
   EXPECT_FALSE(Resident(hidden));  // evicted, its record kept for the sum's recipe
+  // A gradient frozen before it dies (the optimizer updated a parameter it was computed from):
+  // a dead constant, freed from the copy the same way.
+  const StorageId grad3 = PassOp1("linear_backward", {x}, true);
+  std::vector<StorageId> grad3_only{grad3};
+  Runtime::MutateCall unreplayable{"foreach_mul_", {}, grad3_only, false, 0};
+  ASSERT_TRUE(rt_->Mutate(unreplayable, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  ASSERT_FALSE(rt_->storage(grad3)->rematerializable());
+  const StorageId buf3 = copy_of(grad3);
+  ASSERT_TRUE(rt_->DropRef(grad3).ok());
+  EXPECT_EQ(rt_->storage(grad3), nullptr);
+  EXPECT_EQ(rt_->storage(buf3)->constant_reason, ConstantReason::kAccumulator);
+  // A gradient that dies in a backward pass (a second one, create_graph): its copy is no
+  // accumulator; the backward pass's own rule decides (Note [Held results of dead inputs]).
+  const StorageId grad4 = PassOp1("linear_backward", {x}, true);
+  const StorageId copy4 = copy_of(grad4);
+  PassOp1("next_backward", {x}, true);
+  ASSERT_TRUE(rt_->DropRef(grad4).ok());
+  EXPECT_NE(rt_->storage(copy4)->constant_reason, ConstantReason::kAccumulator);
   // Nor is a buffer frozen for a gradient under a quarter of its size.
   const StorageId big = PassOp1("zeros_like", {x}, false, 1000);
   const StorageId small_grad = PassOp1("sum_backward", {x}, true, 200);
