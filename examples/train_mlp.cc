@@ -15,8 +15,8 @@ int main() {
                               torch::nn::Linear(256, 10));
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < 4; ++step) {
-    torch::Tensor x = torch::randn({128, 64});
-    torch::Tensor y = torch::randint(0, 10, {128});
+    torch::Tensor x = torch::randn({512, 64});
+    torch::Tensor y = torch::randint(0, 10, {512});
     optimizer.zero_grad();
     torch::Tensor loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
     loss.backward();

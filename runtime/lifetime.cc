@@ -195,6 +195,57 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
   return !frozen.empty() || !accumulators.empty();
 }
 
+// Note [Gradients that keep dead constants]
+// A gradient computed from no parameter (Note [Accumulators of dead gradients]: a bias gradient
+// `sum(grad_output)` of a frozen in-place sum) is not frozen by the optimizer's updates, so
+// until it dies, at the next zero_grad(set_to_none=True), its recipe keeps the dead frozen sum
+// behind it resident: through the whole next forward pass, where the peak is. On CUDA, a
+// 4-layer nn.TransformerEncoder (d 512, batch 32 x 256) held four 48 MiB q/k/v gradient sums
+// after every step, 457 MiB against 266 MiB with set_to_none=False, and ran out of memory at 0.7
+// of its plain peak, where set_to_none=False trained. So when an op outside a backward pass (the
+// optimizer) reads a held, resident gradient (a storage whose recipe ran in a backward pass),
+// and a short walk up its recipe through dead storages finds a resident dead constant at least
+// a quarter of its size, the gradient is frozen: its contents are final, as the optimizer's first
+// update makes those of every gradient computed from a parameter. The gradients of an ordinary
+// layer reach no dead constant and keep their recipes.
+constexpr int kDeadConstantWalkDepth = 4;
+
+void Runtime::FreezeGradientsKeepingDeadConstants(absl::Span<const StorageId> inputs) {
+  for (StorageId in : inputs) {
+    const StorageRecord* r = storages_.Find(in);
+    if (r == nullptr || !r->backward_recipe || !r->rematerializable() || r->external_refs == 0 ||
+        !r->resident() || r->locks > 0 || r->pins > 0 || r->rebuilding)
+      continue;
+    if (KeepsDeadConstant(in)) Detach(in, ConstantReason::kHeldResult);
+  }
+}
+
+bool Runtime::KeepsDeadConstant(StorageId gradient) {
+  const uint64_t size = rec(gradient).size;
+  absl::InlinedVector<std::pair<StorageId, int>, 8> frontier{{gradient, 0}};
+  const uint32_t epoch = NextWalkEpoch();
+  rec(gradient).walk_epoch = epoch;
+  while (!frontier.empty()) {
+    auto [id, depth] = frontier.back();
+    frontier.pop_back();
+    for (OpId op_id : rec(id).recipe) {
+      for (StorageId in : ops_[op_id].inputs) {
+        StorageRecord* d = storages_.Find(in);
+        if (d == nullptr || d->walk_epoch == epoch) continue;
+        d->walk_epoch = epoch;
+        const bool dead = d->external_refs == 0 && d->locks == 0 && d->pins == 0;
+        if (!dead) continue;
+        if (!d->rematerializable()) {
+          if (d->resident() && d->size * kDeadConstantRatio >= size) return true;
+          continue;
+        }
+        if (depth + 1 < kDeadConstantWalkDepth) frontier.push_back({in, depth + 1});
+      }
+    }
+  }
+  return false;
+}
+
 void Runtime::Banish(StorageId id) {
   // Every resident dependent loses the ability to be recomputed: it becomes a constant.
   std::vector<StorageId> dependents;

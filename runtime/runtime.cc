@@ -89,6 +89,8 @@ void Runtime::AdvanceClock(double cost) {
 void Runtime::NoteOpStart(bool backward, absl::Span<const StorageId> inputs) {
   if (!backward) {
     in_backward_pass_ = false;
+    // Note [Gradients that keep dead constants] (lifetime.cc)
+    if (config_.freeze_held_results) FreezeGradientsKeepingDeadConstants(inputs);
     return;
   }
   if (!in_backward_pass_) {

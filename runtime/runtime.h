@@ -423,6 +423,8 @@ class Runtime {
   void ReleaseDeadConstant(StorageId id);
   // Note [Held results of dead inputs] (lifetime.cc): whether it froze any.
   bool FreezeHeldResultsOf(StorageId dying);
+  void FreezeGradientsKeepingDeadConstants(absl::Span<const StorageId> inputs);
+  bool KeepsDeadConstant(StorageId gradient);
   void Banish(StorageId id);
   void Detach(StorageId id, ConstantReason why);
   void ClearRecipe(StorageId id);

@@ -738,6 +738,58 @@ TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected
   Check();
 }
 
+// Note [Gradients that keep dead constants]: a bias gradient summed from the contiguous copy of a
+// frozen q/k/v sum keeps that sum resident, dead, through the evicted copy's record. When the
+// optimizer (an op of no backward pass) reads the gradient it is frozen and both go. A gradient
+// whose recipe reaches no dead constant, or only one under a quarter of its size, keeps its
+// recipe, and a backward op reading it changes nothing.
+TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt) {
+  Make(1 << 20);
+  struct Case {
+    uint64_t sum_size;
+    bool held_sum;
+    bool frozen;
+  };
+  for (Case c : {Case{1000, false, true}, Case{1000, true, false}, Case{8, false, false}}) {
+    SCOPED_TRACE(absl::StrCat("sum of ", c.sum_size, " bytes, held ", c.held_sum));
+    const StorageId sum = Const(c.sum_size);
+    const StorageId copy = PassOp1("clone", {sum}, true, c.sum_size);
+    const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
+    ASSERT_TRUE(rt_->DropRef(copy).ok());
+    EXPECT_FALSE(Resident(copy));  // evicted, its record kept for the gradient's recipe
+    if (!c.held_sum) ASSERT_TRUE(rt_->DropRef(sum).ok());
+    ASSERT_NE(rt_->storage(sum), nullptr);  // resident: the copy's recipe reads it
+    PassOp1("next_backward", {grad}, true);
+    EXPECT_TRUE(rt_->storage(grad)->rematerializable());
+    const uint64_t before = rt_->memory();
+    PassOp1("optimizer_step", {grad}, false, 1);
+    EXPECT_EQ(rt_->storage(grad)->rematerializable(), !c.frozen);
+    if (c.frozen) {
+      EXPECT_EQ(rt_->storage(grad)->constant_reason, ConstantReason::kHeldResult);
+      EXPECT_EQ(rt_->storage(sum), nullptr);
+      EXPECT_EQ(rt_->storage(copy), nullptr);
+      EXPECT_EQ(rt_->memory(), before + 1 - c.sum_size);
+    } else {
+      EXPECT_NE(rt_->storage(sum), nullptr);
+    }
+    Check();
+  }
+  // With freeze_held_results off (dtr-sim --keep-held-recipes) nothing is frozen.
+  RuntimeConfig config = ExactDtrConfig();
+  config.budget_bytes = 1 << 20;
+  config.freeze_held_results = false;
+  Make(config);
+  const StorageId sum = Const(1000);
+  const StorageId copy = PassOp1("clone", {sum}, true, 1000);
+  const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
+  ASSERT_TRUE(rt_->DropRef(copy).ok());
+  ASSERT_TRUE(rt_->DropRef(sum).ok());
+  PassOp1("optimizer_step", {grad}, false, 1);
+  EXPECT_TRUE(rt_->storage(grad)->rematerializable());
+  EXPECT_NE(rt_->storage(sum), nullptr);
+  Check();
+}
+
 // Note [Copies of overwritten contents]: a whole copy of a storage an in-place op overwrites (what
 // autograd saves for SiLU(inplace=True)) takes the op that made the original as its recipe
 // instead of being frozen; a partial copy, an original already written in place, or a backend
