@@ -213,8 +213,10 @@ constexpr int kDeadConstantWalkDepth = 4;
 void Runtime::FreezeGradientsKeepingDeadConstants(absl::Span<const StorageId> inputs) {
   for (StorageId in : inputs) {
     const StorageRecord* r = storages_.Find(in);
+    // A lock here is the op's own (its caller holds its operands: OpCall::inputs_held); freezing
+    // leaves the storage resident and locked.
     if (r == nullptr || !r->backward_recipe || !r->rematerializable() || r->external_refs == 0 ||
-        !r->resident() || r->locks > 0 || r->pins > 0 || r->rebuilding)
+        !r->resident() || r->pins > 0 || r->rebuilding)
       continue;
     if (KeepsDeadConstant(in)) Detach(in, ConstantReason::kHeldResult);
   }

@@ -774,6 +774,27 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
     }
     Check();
   }
+  // The torch layer holds an op's operands while it runs (OpCall::inputs_held), as for SGD's
+  // first `torch.clone(grad)`: the gradient is frozen all the same and stays held.
+  {
+    const StorageId sum = Const(1000);
+    const StorageId copy = PassOp1("clone", {sum}, true, 1000);
+    const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
+    ASSERT_TRUE(rt_->DropRef(copy).ok());
+    ASSERT_TRUE(rt_->DropRef(sum).ok());
+    ASSERT_TRUE(rt_->HoldOperand(grad).ok());
+    const StorageId ins[] = {grad};
+    const uint64_t sizes[] = {100};
+    Runtime::OpCall call{"clone", ins, sizes, true, 0};
+    call.inputs_held = true;
+    call.copies_input = true;
+    ASSERT_TRUE(rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; }).ok());
+    EXPECT_EQ(rt_->storage(grad)->constant_reason, ConstantReason::kHeldResult);
+    EXPECT_EQ(rt_->storage(sum), nullptr);
+    EXPECT_EQ(rt_->storage(grad)->locks, 1u);
+    rt_->ReleaseOperand(grad);
+    Check();
+  }
   // With freeze_held_results off (dtr-sim --keep-held-recipes) nothing is frozen.
   RuntimeConfig config = ExactDtrConfig();
   config.budget_bytes = 1 << 20;
