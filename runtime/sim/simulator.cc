@@ -54,8 +54,7 @@ class HashingBackend : public ReplayBackend {
       if (!keep[i]) continue;
       if (values_.contains(op.outputs[i].packed()))
         return absl::InternalError(absl::StrCat("replay of ", op.name, " asked to keep a resident output"));
-      // A whole copy replays to its input's value, as when it was made (Created).
-      values_[op.outputs[i].packed()] = op.copies_input ? (*inputs)[0] : OutputValue(op.handle, i, *inputs);
+      values_[op.outputs[i].packed()] = ResultValue(op.handle, i, *inputs, op.copies_input);
       resident_bytes_ += op.output_sizes[i];
     }
     return op.cost;
@@ -102,7 +101,8 @@ class HashingBackend : public ReplayBackend {
     auto values = InputValues(op);
     if (!values.ok()) return values.status();
     for (size_t i = 0; i < outputs.size(); ++i) {
-      values_[outputs[i].packed()] = copies_input && values->size() == 1 && outputs.size() == 1 ? (*values)[0] : OutputValue(handle, i, *values);
+      values_[outputs[i].packed()] =
+          ResultValue(handle, i, *values, copies_input && values->size() == 1 && outputs.size() == 1);
       resident_bytes_ += sizes[i];
     }
     return absl::OkStatus();
@@ -131,6 +131,11 @@ class HashingBackend : public ReplayBackend {
       values.push_back(it->second);
     }
     return values;
+  }
+  // An op's result, made or replayed: a whole copy (OpRecord::copies_input: one input, one
+  // output) has its input's value.
+  static uint64_t ResultValue(uint64_t handle, size_t index, const std::vector<uint64_t>& inputs, bool whole_copy) {
+    return whole_copy ? inputs[0] : OutputValue(handle, index, inputs);
   }
   static uint64_t OutputValue(uint64_t handle, size_t index, const std::vector<uint64_t>& inputs) {
     uint64_t h = Mix(handle, index);

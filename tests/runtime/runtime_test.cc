@@ -98,6 +98,19 @@ class RuntimeTest : public ::testing::Test {
   StorageId PassOp1(absl::string_view name, std::vector<StorageId> inputs, bool backward, uint64_t size = 100) {
     return PassOp(name, std::move(inputs), {size}, backward)[0];
   }
+  // A recorded clone of `original` (a forward op); `whole` marks it OpCall::copies_input, and
+  // `inputs_held` calls as the torch layer does with the operand it holds.
+  StorageId CopyOf(StorageId original, uint64_t size, bool whole = true, double cost = 1.0,
+                   bool inputs_held = false) {
+    const StorageId in[] = {original};
+    const uint64_t sizes[] = {size};
+    Runtime::OpCall call{"clone", in, sizes, true, 0};
+    call.copies_input = whole;
+    call.inputs_held = inputs_held;
+    auto out = rt_->Compute(call, [cost](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? (*out)[0] : StorageId{};
+  }
   void Check() {
     absl::Status s = rt_->CheckInvariants();
     EXPECT_TRUE(s.ok()) << s;
@@ -665,15 +678,7 @@ TEST_F(RuntimeTest, MutationDetachesReadersAndExtendsTheRecipe) {
 // than four times the size of the dying gradient.
 TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected) {
   Make(1 << 20);
-  auto copy_of = [&](StorageId original) {
-    StorageId in[] = {original};
-    uint64_t sizes[] = {rt_->storage(original)->size};
-    Runtime::OpCall call{"clone", in, sizes, true, 0};
-    call.copies_input = true;
-    auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; });
-    EXPECT_TRUE(out.ok()) << out.status();
-    return out.ok() ? (*out)[0] : StorageId{};
-  };
+  auto copy_of = [&](StorageId original) { return CopyOf(original, rt_->storage(original)->size); };
   auto accumulate = [&](StorageId into, StorageId what) {
     std::vector<StorageId> in{into, what}, out{into};
     ASSERT_TRUE(rt_->Mutate({"add_", in, out, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
@@ -745,6 +750,20 @@ TEST_F(RuntimeTest, AnAccumulatorOfADeadGradientIsFrozenSoTheGradientIsCollected
 // recipe, and a backward op reading it changes nothing.
 TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt) {
   Make(1 << 20);
+  // The frozen sum, its contiguous copy (dropped: evicted, its record kept for the gradient's
+  // recipe) and the bias gradient summed from it.
+  struct Chain {
+    StorageId sum, copy, grad;
+  };
+  auto chain = [&](uint64_t sum_size) {
+    Chain c;
+    c.sum = Const(sum_size);
+    c.copy = PassOp1("clone", {c.sum}, true, sum_size);
+    c.grad = PassOp1("sum_backward", {c.copy}, true, 100);
+    EXPECT_TRUE(rt_->DropRef(c.copy).ok());
+    EXPECT_FALSE(Resident(c.copy));
+    return c;
+  };
   struct Case {
     uint64_t sum_size;
     bool held_sum;
@@ -752,12 +771,10 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
   };
   for (Case c : {Case{1000, false, true}, Case{1000, true, false}, Case{8, false, false}}) {
     SCOPED_TRACE(absl::StrCat("sum of ", c.sum_size, " bytes, held ", c.held_sum));
-    const StorageId sum = Const(c.sum_size);
-    const StorageId copy = PassOp1("clone", {sum}, true, c.sum_size);
-    const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
-    ASSERT_TRUE(rt_->DropRef(copy).ok());
-    EXPECT_FALSE(Resident(copy));  // evicted, its record kept for the gradient's recipe
-    if (!c.held_sum) ASSERT_TRUE(rt_->DropRef(sum).ok());
+    const auto [sum, copy, grad] = chain(c.sum_size);
+    if (!c.held_sum) {
+      ASSERT_TRUE(rt_->DropRef(sum).ok());
+    }
     ASSERT_NE(rt_->storage(sum), nullptr);  // resident: the copy's recipe reads it
     PassOp1("next_backward", {grad}, true);
     EXPECT_TRUE(rt_->storage(grad)->rematerializable());
@@ -777,18 +794,10 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
   // The torch layer holds an op's operands while it runs (OpCall::inputs_held), as for SGD's
   // first `torch.clone(grad)`: the gradient is frozen all the same and stays held.
   {
-    const StorageId sum = Const(1000);
-    const StorageId copy = PassOp1("clone", {sum}, true, 1000);
-    const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
-    ASSERT_TRUE(rt_->DropRef(copy).ok());
+    const auto [sum, copy, grad] = chain(1000);
     ASSERT_TRUE(rt_->DropRef(sum).ok());
     ASSERT_TRUE(rt_->HoldOperand(grad).ok());
-    const StorageId ins[] = {grad};
-    const uint64_t sizes[] = {100};
-    Runtime::OpCall call{"clone", ins, sizes, true, 0};
-    call.inputs_held = true;
-    call.copies_input = true;
-    ASSERT_TRUE(rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 1.0; }).ok());
+    CopyOf(grad, 100, /*whole=*/true, /*cost=*/1.0, /*inputs_held=*/true);
     EXPECT_EQ(rt_->storage(grad)->constant_reason, ConstantReason::kHeldResult);
     EXPECT_EQ(rt_->storage(sum), nullptr);
     EXPECT_EQ(rt_->storage(grad)->locks, 1u);
@@ -800,10 +809,7 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
   config.budget_bytes = 1 << 20;
   config.freeze_held_results = false;
   Make(config);
-  const StorageId sum = Const(1000);
-  const StorageId copy = PassOp1("clone", {sum}, true, 1000);
-  const StorageId grad = PassOp1("sum_backward", {copy}, true, 100);
-  ASSERT_TRUE(rt_->DropRef(copy).ok());
+  const auto [sum, copy, grad] = chain(1000);
   ASSERT_TRUE(rt_->DropRef(sum).ok());
   PassOp1("optimizer_step", {grad}, false, 1);
   EXPECT_TRUE(rt_->storage(grad)->rematerializable());
@@ -819,15 +825,7 @@ TEST_F(RuntimeTest, ACopyOfOverwrittenContentsTakesItsOriginalsRecipe) {
   Make(kUnlimitedBudget);
   backend_.copy_replays = true;
   StorageId x = Const(4);
-  auto copy_of = [&](StorageId original, uint64_t size, bool whole) {
-    StorageId in[] = {original};
-    uint64_t sizes[] = {size};
-    Runtime::OpCall call{"clone", in, sizes, true, 0};
-    call.copies_input = whole;
-    auto out = rt_->Compute(call, [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 0.5; });
-    EXPECT_TRUE(out.ok()) << out.status();
-    return (*out)[0];
-  };
+  auto copy_of = [&](StorageId original, uint64_t size, bool whole) { return CopyOf(original, size, whole, 0.5); };
   auto write = [&](StorageId target, const char* name) {
     StorageId t[] = {target};
     ASSERT_TRUE(rt_->Mutate({name, t, t, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
