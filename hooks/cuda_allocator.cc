@@ -36,6 +36,7 @@
 #if DTR_TORCH_AT_LEAST(2, 13)  // NativeMappingHeadroom: the allocator settings (read in 2.13 and 2.14)
 #include <c10/core/AllocatorConfig.h>
 #endif
+#include <c10/cuda/CUDAAllocatorConfig.h>  // setAllocatorSettings (Note [Expandable segments under a budget])
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -313,14 +314,17 @@ void CudaAllocatorAdapter::Refuse(const char* what) const {
 namespace {
 // 0 without expandable segments. From torch 2.13 the allocator's own settings say (set from
 // PYTORCH_CUDA_ALLOC_CONF or torch.cuda.memory._set_allocator_settings) and the large page size
-// is configurable; before, the environment says and the page is 20 MiB.
-size_t NativeMappingHeadroom() {
+// is configurable; before, the environment says and the page is 20 MiB. `turned_on_by_dtr`:
+// dtr turned them on (Note [Expandable segments under a budget]) through settings that the
+// environment does not show.
+size_t NativeMappingHeadroom(bool turned_on_by_dtr) {
 #if DTR_TORCH_AT_LEAST(2, 13)
   namespace cac = c10::CachingAllocator;
-  return cac::AcceleratorAllocatorConfig::use_expandable_segments()
+  return cac::AcceleratorAllocatorConfig::use_expandable_segments() || turned_on_by_dtr
              ? std::max(cac::AcceleratorAllocatorConfig::large_segment_size(), cac::kSmallBuffer)
              : 0;
 #else
+  if (turned_on_by_dtr) return size_t{20} << 20;
   for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
     const char* conf = std::getenv(var);
     if (conf == nullptr) continue;
@@ -333,6 +337,44 @@ size_t NativeMappingHeadroom() {
 #endif
 }
 }  // namespace
+
+// Note [Expandable segments under a budget]
+// Under a budget the native allocator's fragmentation decides whether a run trains: its
+// cudaMalloc segments are freed only when wholly unused, and a request fails when no free block
+// in any segment is large enough, however much memory lies free in pieces. dtr can evict every
+// evictable tensor and still fail: on an H200 a 4-layer nn.TransformerEncoder trained with
+// zero_grad(set_to_none=True) ran out of memory at 0.7 of its plain peak with 665.6 MiB
+// allocated and 548.4 MiB reserved but unallocated under a 1.21 GiB cap, where the `dtr`
+// backend trained it bit-identically (bench/results/cuda.md, fifth session). Expandable
+// segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which PyTorch's own out-of-memory
+// message recommends for this) map physical memory in pages and unmap free pages when a request
+// fails, so what eviction frees can serve any later request. So when a budget first applies to
+// the native allocator, dtr turns them on, unless the user's settings name expandable_segments
+// (either way: `expandable_segments:False` keeps cudaMalloc segments) or choose the
+// cudaMallocAsync backend (which has no segments). The user's other settings are kept: they are
+// applied again with expandable_segments:True added, since applying settings resets the keys
+// they leave out. Segments made before (a budget set late) stay as they are; new ones expand.
+// Without a budget nothing changes. Stats say it (expandable_segments_by_dtr), and Note
+// [Expandable segments overshoot the fraction] keeps the budget a hard cap.
+std::optional<std::string> SettingsWithExpandableSegments(std::string_view settings) {
+  std::string compact;
+  for (char ch : settings)
+    if (!std::isspace(static_cast<unsigned char>(ch))) compact.push_back(ch);
+  if (compact.find("expandable_segments") != std::string::npos) return std::nullopt;  // the user chose
+  if (compact.find("MallocAsync") != std::string::npos) return std::nullopt;  // backend:cudaMallocAsync
+  while (!compact.empty() && compact.back() == ',') compact.pop_back();
+  return compact.empty() ? std::string("expandable_segments:True") : compact + ",expandable_segments:True";
+}
+
+void CudaAllocatorAdapter::TurnOnExpandableSegments() {
+  std::call_once(expandable_decided_, [&] {
+    if (!platform_.native_settings || !platform_.set_native_settings) return;
+    std::optional<std::string> settings = SettingsWithExpandableSegments(platform_.native_settings());
+    if (!settings) return;
+    platform_.set_native_settings(*settings);
+    expandable_by_dtr_.store(true, std::memory_order_relaxed);
+  });
+}
 
 // The native budget is a memory fraction: the smaller of the user's and dtr's wins.
 // Applied lazily (the native allocator needs init() for the device first, and only devices in
@@ -356,7 +398,9 @@ void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
   if (!unlimited || ever) {
     fraction = user < 0 ? 1.0 : user;
     if (total > 0 && budget < total) {
-      const size_t headroom = NativeMappingHeadroom();  // Note [Expandable segments overshoot the fraction]
+      TurnOnExpandableSegments();  // Note [Expandable segments under a budget]
+      // Note [Expandable segments overshoot the fraction]
+      const size_t headroom = NativeMappingHeadroom(expandable_by_dtr_.load(std::memory_order_relaxed));
       TORCH_CHECK_WITH(OutOfMemoryError, budget > headroom, "dtr: DTR_BUDGET=", budget_.ToString(),
                        " leaves no room under PyTorch's expandable segments, which map memory in pages of ",
                        FormatBytes(headroom), ": dtr keeps one page below the budget so that it is never exceeded",
@@ -1018,6 +1062,19 @@ CudaPlatform MakeCudaPlatform() {
   };
   p.copy_sync = [](void* dst, const void* src, size_t count) {
     C10_CUDA_CHECK(cudaMemcpy(dst, src, count, cudaMemcpyDeviceToDevice));
+  };
+  // Note [Expandable segments under a budget]
+  p.native_settings = []() -> std::string {
+#if DTR_TORCH_AT_LEAST(2, 13)
+    return c10::CachingAllocator::getAllocatorSettings();
+#else
+    for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"})
+      if (const char* conf = std::getenv(var)) return conf;
+    return "";
+#endif
+  };
+  p.set_native_settings = [](const std::string& settings) {
+    c10::cuda::CUDACachingAllocator::setAllocatorSettings(settings);
   };
   return p;
 }

@@ -22,7 +22,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -68,7 +70,17 @@ struct CudaPlatform {
   std::function<void(c10::DeviceIndex, c10::DeviceIndex)> enable_peer_access;
   std::function<cudaError_t(void*, int, const void*, int, size_t, cudaStream_t, bool)> memcpy_async;
   std::function<void(void*, const void*, size_t)> copy_sync;
+  // native backend: the caching allocator's settings as last applied (PYTORCH_CUDA_ALLOC_CONF or
+  // torch.cuda.memory._set_allocator_settings) and a way to apply new ones (Note [Expandable
+  // segments under a budget]). Either empty: the settings are left alone.
+  std::function<std::string()> native_settings;
+  std::function<void(const std::string&)> set_native_settings;
 };
+
+// Note [Expandable segments under a budget] (cuda_allocator.cc): the native allocator's settings
+// with expandable segments turned on, or nullopt when they say nothing should change (the user
+// chose expandable_segments either way, or the cudaMallocAsync backend).
+std::optional<std::string> SettingsWithExpandableSegments(std::string_view settings);
 // The real one (cuda_allocator.cc).
 CudaPlatform MakeCudaPlatform();
 
@@ -116,6 +128,8 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   // Note [Recovered out-of-memory errors] (cuda_allocator.cc): out-of-memory errors dtr raised
   // that the caller caught and went on from.
   int64_t recovered_ooms() const { return recovered_ooms_.load(std::memory_order_relaxed); }
+  // Note [Expandable segments under a budget]: whether dtr turned them on.
+  bool turned_on_expandable_segments() const { return expandable_by_dtr_.load(std::memory_order_relaxed); }
   const Options& options() const { return opts_; }
   // Changes the budget (bytes; <= 0: unlimited) on every device; the engine evicts first.
   absl::Status SetBudgetBytes(int64_t bytes);
@@ -241,6 +255,9 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   const uint64_t oom_id_ = NextOomId();
   std::atomic<int64_t> recovered_ooms_{0};
   void ApplyNativeFraction(Device& d);
+  void TurnOnExpandableSegments();
+  std::atomic<bool> expandable_by_dtr_{false};
+  std::once_flag expandable_decided_;
   cca::CUDAAllocator& native() const;
   [[noreturn]] void Refuse(const char* what) const;
   CudaEvictor* evictor() const { return evictor_.load(std::memory_order_acquire); }

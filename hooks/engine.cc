@@ -1097,6 +1097,7 @@ Engine::MemoryCounters Engine::Counters() {
       if (alloc::CachingAllocator* a = cuda_->DtrAllocatorOf(d)) m.eviction_calls += a->GetStats().num_eviction_calls;
     }
     m.recovered_ooms = cuda_->recovered_ooms();
+    m.expandable_segments_by_dtr = cuda_->turned_on_expandable_segments();
     return m;
   }
 #endif
@@ -1134,6 +1135,7 @@ std::string Engine::StatsJson() {
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
       ",\"unevictable_by_reason\":", UnevictableDetailJson(by.by_reason), ",\"unevictable_at_peak\":", UnevictableAtPeakJson({}),
       ",\"replay_relayouts\":", relayouts_, ",\"deaths_released_at_once\":", deaths_released_at_once_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
+      ",\"expandable_segments_by_dtr\":", as.expandable_segments_by_dtr ? "true" : "false",
       ",\"runtime\":", rs.ToJson(), CpuAllocatorJson(), "}");
 }
 

@@ -194,6 +194,7 @@ class Engine final : public ReplayBackend,
   struct MemoryCounters {
     int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0, ooms = 0, eviction_calls = 0,
             recovered_ooms = 0;
+    bool expandable_segments_by_dtr = false;  // Note [Expandable segments under a budget]
   };
   MemoryCounters Counters();
   size_t PinnedBytes() const override {

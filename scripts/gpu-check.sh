@@ -14,10 +14,13 @@
 #      everything under $OUT in $OUT/gpu-check.tgz.
 #   7. with time left before the deadline, the benchmark sweep on CUDA (bench/sweep.py --device
 #      cuda --no-sim: the benchmark models at 1.0/0.5/0.3 of their peak), its JSON in $OUT/bench.
+# Step 4 runs first after the build (it is what needs the GPU), then 2, 3, 5 and 7.
 # Budget: at most 9 minutes on an H100 (build ~1.5 min, tests ~3, sweep ~5). GPU_CHECK_PYTEST=0
 # skips step 3, GPU_CHECK_CXX=0 step 2's C++ tests, GPU_CHECK_MEMCHECK_SECONDS=0 its memcheck;
-# GPU_CHECK_FRACTIONS (default "0.9 0.7 0.5") are step 4's budgets; GPU_CHECK_SECONDS (default 520) is the deadline of the
-# whole check, from its start: the sweeps get what is left, never more than their own limits.
+# GPU_CHECK_FRACTIONS (default "0.9 0.7 0.5") are step 4's budgets, GPU_CHECK_STEPS (default 20)
+# its measured steps, GPU_CHECK_BACKENDS (default "native dtr") its sweeps; GPU_CHECK_SECONDS
+# (default 520) is the deadline of the whole check, from its start: the later steps get what is
+# left, never more than their own limits.
 # Prepare at home, once:
 #   mkdir -p .git/info && bash ../shared/gpu/fetch-deps.sh   (abseil/GoogleTest debs into .gpu-deps/)
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu-deps/wheels \
@@ -93,6 +96,18 @@ print(f"DispatchKey::Fake = {k}; Python = {int(torch._C.DispatchKey.Python)}: Fa
 PY
 "$py" -m dtr --info | tee -a "$report"
 set +e
+# GPU_CHECK_BACKENDS (default "native dtr"): the sweeps to run; "native-cudamalloc" is the native
+# backend with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (Note [Expandable segments under a
+# budget]: without it dtr turns them on under a budget).
+for backend in ${GPU_CHECK_BACKENDS:-native dtr}; do
+  step "4. budget sweep on CUDA, $backend"
+  conf=(); [ "$backend" = native-cudamalloc ] && conf=(--alloc-conf expandable_segments:False)
+  # shellcheck disable=SC2086  # GPU_CHECK_FRACTIONS is a list of numbers
+  timeout $(left 150) "$py" scripts/gpu_budget_check.py --cuda-allocator "${backend%-cudamalloc}" "${conf[@]}" \
+    --out "$out/$backend" --steps ${GPU_CHECK_STEPS:-20} --warmup 5 --fractions ${GPU_CHECK_FRACTIONS:-0.9 0.7 0.5} \
+    && result "ran" || result "FAILED or timed out"
+  cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
+done
 step "2. CUDA adapter C++ tests; dtr-sim for the trace test"
 if [ "${GPU_CHECK_CXX:-1}" = 1 ]; then
   cmake -G Ninja -S . -B build-gpu -DDTR_PYTHON="$py" -DDTR_BUILD_BENCH=OFF \
@@ -129,17 +144,10 @@ step "3. pytest (CPU paths of the torch integration)"
 # default selection (tests/hooks tests/python); the output is kept in $out/pytest.log.
 tests=("$@"); [ ${#tests[@]} = 0 ] && tests=(tests/hooks tests/python)
 # (pipefail is on: the pipeline fails when pytest does)
-[ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout "${GPU_CHECK_PYTEST_SECONDS:-180}" \
+[ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout $(left "${GPU_CHECK_PYTEST_SECONDS:-180}") \
   "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 --junitxml="$out/pytest.xml" \
   "${tests[@]}" 2>&1 | tee "$out/pytest.log" | tail -40 \
   && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0): $(tail -1 "$out/pytest.log" 2>/dev/null)"
-for backend in native dtr; do
-  step "4. budget sweep on CUDA, DTR_CUDA_ALLOCATOR=$backend"
-  # shellcheck disable=SC2086  # GPU_CHECK_FRACTIONS is a list of numbers
-  timeout $(left 150) "$py" scripts/gpu_budget_check.py --cuda-allocator $backend \
-    --out "$out/$backend" --steps 20 --warmup 5 --fractions ${GPU_CHECK_FRACTIONS:-0.9 0.7 0.5} && result "ran" || result "FAILED or timed out"
-  cat "$out/$backend/budget_sweep.md" >> "$report" 2>/dev/null
-done
 ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 step "5. 2-process NCCL DDP (plain, then dtr at 0.8 of each rank's peak)"
 if [ "$ngpu" -ge 2 ]; then

@@ -5,7 +5,11 @@ fractions of the plain run's peak reserved memory, every run in a fresh process.
 For each run it reports: time per step (CUDA events, after warm-up), max_memory_reserved against
 the budget, dtr's evictions/rematerializations, and whether losses and final weights are
 bit-identical to the unbudgeted dtr run (deterministic algorithms on). Writes a JSON and a
-Markdown table to --out.
+Markdown table to --out. Gradients are reset with zero_grad(set_to_none=True), PyTorch 2.x's
+default (`--zero-grad zeros` for set_to_none=False); `--alloc-conf` sets PYTORCH_CUDA_ALLOC_CONF
+for the dtr runs (`expandable_segments:False` keeps the native allocator's cudaMalloc segments,
+which dtr otherwise swaps for expandable ones under a budget: Note [Expandable segments under a
+budget] in hooks/cuda_allocator.cc).
 
   python3 scripts/gpu_budget_check.py --out $OUT            (the sweep)
   python3 scripts/gpu_budget_check.py --worker MODEL ...    (one run; used by the sweep)
@@ -55,7 +59,7 @@ def worker(args):
     for step in range(args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=args.zero_grad == "none")
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
@@ -84,14 +88,18 @@ def worker(args):
     }))
 
 
-def run(model, steps, warmup, budget=None, dtr=True, cuda_allocator="native", evict=True):
+def run(model, args, budget=None, dtr=True, evict=True):
     cmd = [sys.executable]
     if dtr:
         cmd += ["-m", "dtr"] + (["--budget", str(budget)] if budget else []) + ([] if evict else ["--evict", "0"])
-    cmd += [__file__, "--worker", model, "--steps", str(steps), "--warmup", str(warmup)]
+    cmd += [__file__, "--worker", model, "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--zero-grad", args.zero_grad]
+    cuda_allocator = args.cuda_allocator
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_")}
     if dtr:
         env["DTR_CUDA_ALLOCATOR"] = cuda_allocator
+        if args.alloc_conf is not None:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     wall = time.time() - t0
@@ -114,8 +122,8 @@ def sweep(args):
     FAILURES = os.path.join(args.out, "failures")
     rows, report = [], {}
     for model in args.models:
-        plain = run(model, args.steps, args.warmup, dtr=False)
-        ref = run(model, args.steps, args.warmup, dtr=True, cuda_allocator=args.cuda_allocator)
+        plain = run(model, args, dtr=False)
+        ref = run(model, args, dtr=True)
         report[model] = {"plain": plain, "dtr_unbudgeted": ref, "budgets": []}
         if not (plain.get("ok") and ref.get("ok")):
             rows.append(f"| {model} | - | plain or unbudgeted dtr failed: {plain.get('error') or ref.get('error')} |")
@@ -129,7 +137,7 @@ def sweep(args):
         save(args.out, rows, report)
         for frac in args.fractions:
             budget = int(peak * frac)
-            r = run(model, args.steps, args.warmup, budget=budget, cuda_allocator=args.cuda_allocator)
+            r = run(model, args, budget=budget)
             report[model]["budgets"].append(dict(r, fraction=frac, budget=budget))
             if not r["ok"]:
                 rows.append(f"| {model} | {frac:.2f} of peak | {'OOM' if r['oom'] else 'FAILED'} | - | - | - | "
@@ -138,14 +146,15 @@ def sweep(args):
                 continue
             same = r["losses"] == ref["losses"] and r["weights"] == ref["weights"]
             within = r["max_reserved"] <= budget
-            rows.append(f"| {model} | {frac:.2f} of peak | {r['ms_per_step']:.2f} ms | "
+            expandable = " (expandable segments by dtr)" if r["dtr_stats"].get("expandable_segments_by_dtr") else ""
+            rows.append(f"| {model} | {frac:.2f} of peak{expandable} | {r['ms_per_step']:.2f} ms | "
                         f"{r['ms_per_step'] / plain['ms_per_step']:.2f}x | {r['max_reserved'] / 2**20:.0f} MiB "
                         f"({'<=' if within else 'OVER'} budget) | {r['evictions']}/{r['remats']} | "
                         f"{'yes' if same else 'NO'} |")
             save(args.out, rows, report)
         # The same budget without eviction (a plain cap) must die: dtr is what makes it train.
         low = int(peak * min(args.fractions))
-        capped = run(model, args.steps, args.warmup, budget=low, cuda_allocator=args.cuda_allocator, evict=False)
+        capped = run(model, args, budget=low, evict=False)
         report[model]["without_eviction"] = capped
         rows.append(f"| {model} | {min(args.fractions):.2f} of peak, DTR_EVICT=0 | "
                     f"{'OOM (expected)' if not capped['ok'] and capped['oom'] else 'UNEXPECTED: ' + str(capped.get('error', 'trained'))[:80]}"
@@ -175,6 +184,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.9, 0.7, 0.5])
     ap.add_argument("--cuda-allocator", choices=("native", "dtr"), default="native")
+    ap.add_argument("--zero-grad", choices=("none", "zeros"), default="none",
+                    help="zero_grad(set_to_none=True), PyTorch's default, or set_to_none=False")
+    ap.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the dtr runs")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
     args = ap.parse_args()
     worker(args) if args.worker else sweep(args)

@@ -241,8 +241,17 @@ struct FakeCuda {
       return cudaSuccess;
     };
     p.copy_sync = [this](void*, const void*, size_t n) { calls.push_back(absl::StrCat("copy(", n, ")")); };
+    if (fake_settings) {  // Note [Expandable segments under a budget]: settings kept here, not in c10
+      p.native_settings = [this] { return settings; };
+      p.set_native_settings = [this](const std::string& s) {
+        settings = s;
+        calls.push_back(absl::StrCat("settings(", s, ")"));
+      };
+    }
     return p;
   }
+  bool fake_settings = false;  // leave the native settings alone unless a test asks
+  std::string settings;        // the native allocator's settings, as the fake platform sees them
 };
 
 // Holds "tensors" (DataPtrs from the adapter) and evicts them oldest first, like the engine.
@@ -507,6 +516,22 @@ bool ExpandableSegmentsAlreadyOn() {
   return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
 }
 
+// The real platform's settings round trip (Note [Expandable segments under a budget]): what it
+// reads and applies are c10's own settings, and the user's other keys survive.
+TEST(RealNativeSettings, TurningOnExpandableSegmentsKeepsTheOtherSettings) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  namespace cac = c10::CachingAllocator;
+  CudaPlatform p = MakeCudaPlatform();
+  p.set_native_settings("max_split_size_mb:256");
+  std::optional<std::string> on = SettingsWithExpandableSegments(p.native_settings());
+  ASSERT_TRUE(on.has_value());
+  p.set_native_settings(*on);
+  EXPECT_TRUE(cac::AcceleratorAllocatorConfig::use_expandable_segments());
+  EXPECT_EQ(cac::AcceleratorAllocatorConfig::max_split_size(), 256 * kMiB);
+  EXPECT_EQ(SettingsWithExpandableSegments(p.native_settings()), std::nullopt);  // now the settings say
+  p.set_native_settings("expandable_segments:False,large_segment_size_mb:20");
+}
+
 TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
   if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
   {
@@ -543,6 +568,54 @@ TEST_F(NativeTest, ABudgetNotAboveOneExpandablePageIsRefused) {
                                            "in pages of 20.00 MiB"));
 }
 #endif
+
+// Note [Expandable segments under a budget] (hooks/cuda_allocator.cc).
+TEST(SettingsWithExpandableSegments, AddsThemAndKeepsTheUsersOtherSettings) {
+  EXPECT_EQ(SettingsWithExpandableSegments(""), "expandable_segments:True");
+  EXPECT_EQ(SettingsWithExpandableSegments("max_split_size_mb:128"), "max_split_size_mb:128,expandable_segments:True");
+  EXPECT_EQ(SettingsWithExpandableSegments("roundup_power2_divisions:[256:1,>:4], "),
+            "roundup_power2_divisions:[256:1,>:4],expandable_segments:True");
+}
+
+TEST(SettingsWithExpandableSegments, LeavesTheUsersChoiceAndTheAsyncBackendAlone) {
+  EXPECT_EQ(SettingsWithExpandableSegments("expandable_segments:False"), std::nullopt);
+  EXPECT_EQ(SettingsWithExpandableSegments("max_split_size_mb:64, expandable_segments : True"), std::nullopt);
+  EXPECT_EQ(SettingsWithExpandableSegments("backend:cudaMallocAsync"), std::nullopt);
+}
+
+constexpr size_t kDefaultLargePage = 20 * kMiB;  // torch's large_segment_size unless configured
+
+TEST_F(NativeTest, ABudgetTurnsOnExpandableSegmentsAndLeavesOnePageBelowIt) {
+  cuda_.fake_settings = true;
+  cuda_.settings = "max_split_size_mb:256";
+  auto a = Make(4 * kGiB);
+  c10::DataPtr p = a->allocate(10);
+  c10::DataPtr q = a->allocate(20);
+  EXPECT_EQ(std::count(cuda_.calls.begin(), cuda_.calls.end(),
+                       "settings(max_split_size_mb:256,expandable_segments:True)"),
+            1);
+  EXPECT_TRUE(a->turned_on_expandable_segments());
+  const double expected = double(4 * kGiB - kDefaultLargePage) / double(kDeviceTotal);
+  EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
+}
+
+TEST_F(NativeTest, ExpandableSegmentsStayAsTheUserSetThem) {
+  cuda_.fake_settings = true;
+  cuda_.settings = "expandable_segments:False";
+  auto a = Make(4 * kGiB);
+  c10::DataPtr p = a->allocate(10);
+  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_FALSE(a->turned_on_expandable_segments());
+  EXPECT_THAT(native_.calls, ::testing::Contains("setMemoryFraction(0.25,0)"));  // the budget itself
+}
+
+TEST_F(NativeTest, WithoutABudgetTheSettingsAreLeftAlone) {
+  cuda_.fake_settings = true;
+  auto a = Make();
+  c10::DataPtr p = a->allocate(10);
+  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_FALSE(a->turned_on_expandable_segments());
+}
 
 TEST_F(NativeTest, FractionalBudget) {
   auto a = Make(0, 0.6);
