@@ -24,7 +24,7 @@
 # Prepare at home, once:
 #   mkdir -p .git/info && bash ../shared/gpu/fetch-deps.sh   (abseil/GoogleTest debs into .gpu-deps/)
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu-deps/wheels \
-#       scikit-build-core packaging pathspec pytest pluggy iniconfig
+#       scikit-build-core packaging pathspec "pytest<9" pluggy iniconfig pytest-xdist execnet
 # then on the device, carrying .gpu-deps:   bash scripts/gpu-check.sh [pytest args]
 # Here, without a GPU:   bash scripts/gpu-check.sh --dry-run
 #   builds the hooks with the CUDA adapter against this machine's venv (scripts/env.sh), runs
@@ -79,6 +79,8 @@ py=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$report" || true
 echo "== install build tools from .gpu-deps/wheels"
 "$py" -m pip install -q --no-index --find-links .gpu-deps/wheels scikit-build-core pytest
+# pytest-xdist, when .gpu-deps has it: pytest then runs one worker a core (step 3).
+"$py" -m pip install -q --no-index --find-links .gpu-deps/wheels pytest-xdist 2>/dev/null || true
 step "1. build and install dtr against $("$py" -c 'import torch; print(torch.__version__)')"
 start=$(date +%s)
 "$py" -m pip install -q --no-build-isolation -C build-dir=build/py-gpu \
@@ -143,9 +145,10 @@ step "3. pytest (CPU paths of the torch integration)"
 # GPU_CHECK_PYTEST_SECONDS (default 180) limits it; the arguments of gpu-check.sh replace the
 # default selection (tests/hooks tests/python); the output is kept in $out/pytest.log.
 tests=("$@"); [ ${#tests[@]} = 0 ] && tests=(tests/hooks tests/python)
+workers=(); "$py" -c 'import xdist' 2>/dev/null && workers=(-n "$(nproc)" --dist loadgroup)
 # (pipefail is on: the pipeline fails when pytest does)
 [ "${GPU_CHECK_PYTEST:-1}" = 1 ] && BUILD_DIR=$PWD/build-gpu timeout $(left "${GPU_CHECK_PYTEST_SECONDS:-180}") \
-  "$py" -m pytest -q -p no:cacheprovider -o junit_family=xunit2 --junitxml="$out/pytest.xml" \
+  "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" -o junit_family=xunit2 --junitxml="$out/pytest.xml" \
   "${tests[@]}" 2>&1 | tee "$out/pytest.log" | tail -40 \
   && result "passed" || result "FAILED, timed out or skipped (GPU_CHECK_PYTEST=0): $(tail -1 "$out/pytest.log" 2>/dev/null)"
 ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
