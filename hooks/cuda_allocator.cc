@@ -349,30 +349,85 @@ size_t NativeMappingHeadroom(bool turned_on_by_dtr) {
 // segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which PyTorch's own out-of-memory
 // message recommends for this) map physical memory in pages and unmap free pages when a request
 // fails, so what eviction frees can serve any later request. So when a budget first applies to
-// the native allocator, dtr turns them on, unless the user's settings name expandable_segments
-// (either way: `expandable_segments:False` keeps cudaMalloc segments) or choose the
-// cudaMallocAsync backend (which has no segments). The user's other settings are kept: they are
-// applied again with expandable_segments:True added, since applying settings resets the keys
-// they leave out. Segments made before (a budget set late) stay as they are; new ones expand.
-// Without a budget nothing changes. Stats say it (expandable_segments_by_dtr), and Note
-// [Expandable segments overshoot the fraction] keeps the budget a hard cap.
+// the native allocator, dtr turns them on, and says so once on stderr, unless:
+// - the user's settings name expandable_segments (either way: `expandable_segments:False` keeps
+//   cudaMalloc segments);
+// - they choose the cudaMallocAsync backend (which has no segments);
+// - the budget is under kExpandableMinPages pages: the page of headroom that Note [Expandable
+//   segments overshoot the fraction] keeps below the budget would cost more than pages save.
+// The user's other settings are kept: they are applied again with expandable_segments:True added,
+// since applying settings resets the keys they leave out, less any `backend` entry (the backend
+// cannot change at runtime, and PyTorch asserts that a re-applied one names the installed
+// allocator, which is dtr's adapter). Applying settings is not atomic in PyTorch (a thread
+// rounding a request meanwhile may see the defaults of max_split_size and the roundup
+// divisions); it happens once, at the first budgeted allocation or budget change. If PyTorch
+// refuses the settings, dtr warns and goes on with cudaMalloc segments; either way the headroom
+// stays, so the budget remains a hard cap. Segments made before (a budget set late) stay as they
+// are; new ones expand. The setting is process-wide and stays on if the budget is lifted later.
+// Without a budget nothing changes. Stats say whether dtr turned them on
+// (expandable_segments_by_dtr).
+//
+// What changes for the user with them: PyTorch shares expandable memory between processes
+// (torch.multiprocessing) through file descriptors that need pidfd_getfd, which some containers
+// forbid, and NCCL's user-buffer registration does not take it; such programs should set
+// expandable_segments:False (README, "On a GPU").
+constexpr size_t kExpandableMinPages = 8;
+
 std::optional<std::string> SettingsWithExpandableSegments(std::string_view settings) {
   std::string compact;
   for (char ch : settings)
     if (!std::isspace(static_cast<unsigned char>(ch))) compact.push_back(ch);
   if (compact.find("expandable_segments") != std::string::npos) return std::nullopt;  // the user chose
   if (compact.find("MallocAsync") != std::string::npos) return std::nullopt;  // backend:cudaMallocAsync
-  while (!compact.empty() && compact.back() == ',') compact.pop_back();
-  return compact.empty() ? std::string("expandable_segments:True") : compact + ",expandable_segments:True";
+  // Top-level entries: roundup_power2_divisions:[256:1,>:4] has commas inside its brackets.
+  std::string kept;
+  int depth = 0;
+  size_t start = 0;
+  auto keep = [&](size_t end) {
+    std::string_view entry(compact.data() + start, end - start);
+    if (entry.empty() || entry.substr(0, 8) == "backend:") return;
+    if (!kept.empty()) kept.push_back(',');
+    kept.append(entry);
+  };
+  for (size_t i = 0; i < compact.size(); ++i) {
+    if (compact[i] == '[') ++depth;
+    if (compact[i] == ']') --depth;
+    if (compact[i] == ',' && depth == 0) {
+      keep(i);
+      start = i + 1;
+    }
+  }
+  keep(compact.size());
+  return kept.empty() ? std::string("expandable_segments:True") : kept + ",expandable_segments:True";
 }
 
-void CudaAllocatorAdapter::TurnOnExpandableSegments() {
+void CudaAllocatorAdapter::TurnOnExpandableSegments(size_t budget) {
   std::call_once(expandable_decided_, [&] {
     if (!platform_.native_settings || !platform_.set_native_settings) return;
+    if (budget < kExpandableMinPages * NativeMappingHeadroom(/*turned_on_by_dtr=*/true)) return;
     std::optional<std::string> settings = SettingsWithExpandableSegments(platform_.native_settings());
     if (!settings) return;
-    platform_.set_native_settings(*settings);
+    expandable_tried_.store(true, std::memory_order_relaxed);  // the headroom stays from here on
+    bool on = false;
+    try {
+      on = platform_.set_native_settings(*settings);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      why = why.substr(0, why.find('\n'));
+      std::fprintf(stderr,
+                   "dtr: warning: PyTorch refused the allocator settings \"%s\" (%s); the budget stays with "
+                   "cudaMalloc segments, which fragment (Note [Expandable segments under a budget]). Setting "
+                   "expandable_segments in PYTORCH_CUDA_ALLOC_CONF yourself avoids this.\n",
+                   settings->c_str(), why.c_str());
+      return;
+    }
+    if (!on) return;  // the settings did not take
     expandable_by_dtr_.store(true, std::memory_order_relaxed);
+    std::fprintf(stderr,
+                 "dtr: under DTR_BUDGET=%s, PyTorch's CUDA allocator now uses expandable segments, so that memory "
+                 "dtr frees in pieces can serve any request (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
+                 "keeps cudaMalloc segments).\n",
+                 budget_.ToString().c_str());
   });
 }
 
@@ -398,9 +453,9 @@ void CudaAllocatorAdapter::ApplyNativeFraction(Device& d) {
   if (!unlimited || ever) {
     fraction = user < 0 ? 1.0 : user;
     if (total > 0 && budget < total) {
-      TurnOnExpandableSegments();  // Note [Expandable segments under a budget]
+      TurnOnExpandableSegments(budget);  // Note [Expandable segments under a budget]
       // Note [Expandable segments overshoot the fraction]
-      const size_t headroom = NativeMappingHeadroom(expandable_by_dtr_.load(std::memory_order_relaxed));
+      const size_t headroom = NativeMappingHeadroom(expandable_tried_.load(std::memory_order_relaxed));
       TORCH_CHECK_WITH(OutOfMemoryError, budget > headroom, "dtr: DTR_BUDGET=", budget_.ToString(),
                        " leaves no room under PyTorch's expandable segments, which map memory in pages of ",
                        FormatBytes(headroom), ": dtr keeps one page below the budget so that it is never exceeded",
@@ -1068,13 +1123,23 @@ CudaPlatform MakeCudaPlatform() {
 #if DTR_TORCH_AT_LEAST(2, 13)
     return c10::CachingAllocator::getAllocatorSettings();
 #else
-    for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"})
+    // As PyTorch reads them: the device-generic variable first. (Settings applied at runtime
+    // with torch.cuda.memory._set_allocator_settings are not seen before torch 2.13.)
+    for (const char* var : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"})
       if (const char* conf = std::getenv(var)) return conf;
     return "";
 #endif
   };
   p.set_native_settings = [](const std::string& settings) {
     c10::cuda::CUDACachingAllocator::setAllocatorSettings(settings);
+#if DTR_TORCH_AT_LEAST(2, 13)
+    // The settings' own flag. (CUDAAllocatorConfig::expandable_segments() would also say whether
+    // the build supports them, but it is inline and reads a macro of PyTorch's own build, which
+    // an extension does not define: compiled here it always says no.)
+    return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
+#else
+    return true;
+#endif
   };
   return p;
 }

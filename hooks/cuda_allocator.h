@@ -71,18 +71,20 @@ struct CudaPlatform {
   std::function<cudaError_t(void*, int, const void*, int, size_t, cudaStream_t, bool)> memcpy_async;
   std::function<void(void*, const void*, size_t)> copy_sync;
   // native backend: the caching allocator's settings as last applied (PYTORCH_CUDA_ALLOC_CONF or
-  // torch.cuda.memory._set_allocator_settings) and a way to apply new ones (Note [Expandable
-  // segments under a budget]). Either empty: the settings are left alone.
+  // torch.cuda.memory._set_allocator_settings) and a way to apply new ones, which says whether
+  // expandable segments are in effect after them and may throw (Note [Expandable segments under
+  // a budget]). Either empty: the settings are left alone.
   std::function<std::string()> native_settings;
-  std::function<void(const std::string&)> set_native_settings;
+  std::function<bool(const std::string&)> set_native_settings;
 };
+// The real one (cuda_allocator.cc).
+CudaPlatform MakeCudaPlatform();
 
 // Note [Expandable segments under a budget] (cuda_allocator.cc): the native allocator's settings
 // with expandable segments turned on, or nullopt when they say nothing should change (the user
-// chose expandable_segments either way, or the cudaMallocAsync backend).
+// chose expandable_segments either way, or the cudaMallocAsync backend); a `backend` entry is
+// left out.
 std::optional<std::string> SettingsWithExpandableSegments(std::string_view settings);
-// The real one (cuda_allocator.cc).
-CudaPlatform MakeCudaPlatform();
 
 // What the adapter asks of dtr's engine (engine.cc implements it; tests fake it). Called without
 // any allocator lock held (Note [No lock across eviction] in allocator/caching_allocator.cc).
@@ -255,8 +257,9 @@ class CudaAllocatorAdapter final : public cca::CUDAAllocator {
   const uint64_t oom_id_ = NextOomId();
   std::atomic<int64_t> recovered_ooms_{0};
   void ApplyNativeFraction(Device& d);
-  void TurnOnExpandableSegments();
+  void TurnOnExpandableSegments(size_t budget);
   std::atomic<bool> expandable_by_dtr_{false};
+  std::atomic<bool> expandable_tried_{false};  // the headroom of a page is kept from then on
   std::once_flag expandable_decided_;
   cca::CUDAAllocator& native() const;
   [[noreturn]] void Refuse(const char* what) const;

@@ -4,9 +4,11 @@
 #include "hooks/cuda_allocator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/fake_backend.h"
 
@@ -244,14 +247,17 @@ struct FakeCuda {
     if (fake_settings) {  // Note [Expandable segments under a budget]: settings kept here, not in c10
       p.native_settings = [this] { return settings; };
       p.set_native_settings = [this](const std::string& s) {
-        settings = s;
         calls.push_back(absl::StrCat("settings(", s, ")"));
+        if (settings_refused) throw std::runtime_error("refused\nsecond line");
+        settings = s;
+        return true;
       };
     }
     return p;
   }
-  bool fake_settings = false;  // leave the native settings alone unless a test asks
-  std::string settings;        // the native allocator's settings, as the fake platform sees them
+  bool fake_settings = false;    // leave the native settings alone unless a test asks
+  bool settings_refused = false;  // applying settings throws, as PyTorch's checks do
+  std::string settings;          // the native allocator's settings, as the fake platform sees them
 };
 
 // Holds "tensors" (DataPtrs from the adapter) and evicts them oldest first, like the engine.
@@ -502,6 +508,19 @@ TEST_F(NativeTest, BudgetBecomesTheMemoryFractionAndTheSmallerFractionWins) {
 // segments map whole large pages after checking the fraction, so the fraction, and the checks
 // that decide when to evict, leave one page below the budget; cudaMalloc segments get the
 // budget itself. The allocator settings are process-wide: each test restores them.
+// Whether this process's settings already turn expandable segments on (the environment's, before
+// torch 2.13): the tests that expect cudaMalloc segments then skip.
+bool ExpandableSegmentsAlreadyOn() {
+#if DTR_TORCH_AT_LEAST(2, 13)
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
+#else
+  for (const char* var : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"})
+    if (const char* conf = std::getenv(var); conf != nullptr && std::string(conf).find("expandable_segments:True") != std::string::npos)
+      return true;
+  return false;
+#endif
+}
+
 #if DTR_TORCH_AT_LEAST(2, 13)
 class ExpandableSegments {
  public:
@@ -512,9 +531,6 @@ class ExpandableSegments {
   ~ExpandableSegments() { c10::CachingAllocator::setAllocatorSettings("expandable_segments:False,large_segment_size_mb:20"); }
 };
 
-bool ExpandableSegmentsAlreadyOn() {
-  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
-}
 
 // The real platform's settings round trip (Note [Expandable segments under a budget]): what it
 // reads and applies are c10's own settings, and the user's other keys survive.
@@ -522,14 +538,17 @@ TEST(RealNativeSettings, TurningOnExpandableSegmentsKeepsTheOtherSettings) {
   if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
   namespace cac = c10::CachingAllocator;
   CudaPlatform p = MakeCudaPlatform();
-  p.set_native_settings("max_split_size_mb:256");
+  struct Restore {  // the settings are process-wide: the defaults again, even after a failure
+    CudaPlatform& p;
+    ~Restore() { p.set_native_settings("expandable_segments:False,large_segment_size_mb:20"); }
+  } restore{p};
+  EXPECT_FALSE(p.set_native_settings("max_split_size_mb:256"));  // the setter says they are off
   std::optional<std::string> on = SettingsWithExpandableSegments(p.native_settings());
   ASSERT_TRUE(on.has_value());
-  p.set_native_settings(*on);
+  EXPECT_TRUE(p.set_native_settings(*on));
   EXPECT_TRUE(cac::AcceleratorAllocatorConfig::use_expandable_segments());
   EXPECT_EQ(cac::AcceleratorAllocatorConfig::max_split_size(), 256 * kMiB);
   EXPECT_EQ(SettingsWithExpandableSegments(p.native_settings()), std::nullopt);  // now the settings say
-  p.set_native_settings("expandable_segments:False,large_segment_size_mb:20");
 }
 
 TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
@@ -577,6 +596,15 @@ TEST(SettingsWithExpandableSegments, AddsThemAndKeepsTheUsersOtherSettings) {
             "roundup_power2_divisions:[256:1,>:4],expandable_segments:True");
 }
 
+// PyTorch asserts that a re-applied backend names the installed allocator (dtr's adapter).
+TEST(SettingsWithExpandableSegments, LeavesOutTheBackend) {
+  EXPECT_EQ(SettingsWithExpandableSegments("backend:native,max_split_size_mb:128"),
+            "max_split_size_mb:128,expandable_segments:True");
+  EXPECT_EQ(SettingsWithExpandableSegments("roundup_power2_divisions:[256:1,>:4],backend:native"),
+            "roundup_power2_divisions:[256:1,>:4],expandable_segments:True");
+  EXPECT_EQ(SettingsWithExpandableSegments("backend:native"), "expandable_segments:True");
+}
+
 TEST(SettingsWithExpandableSegments, LeavesTheUsersChoiceAndTheAsyncBackendAlone) {
   EXPECT_EQ(SettingsWithExpandableSegments("expandable_segments:False"), std::nullopt);
   EXPECT_EQ(SettingsWithExpandableSegments("max_split_size_mb:64, expandable_segments : True"), std::nullopt);
@@ -586,6 +614,7 @@ TEST(SettingsWithExpandableSegments, LeavesTheUsersChoiceAndTheAsyncBackendAlone
 constexpr size_t kDefaultLargePage = 20 * kMiB;  // torch's large_segment_size unless configured
 
 TEST_F(NativeTest, ABudgetTurnsOnExpandableSegmentsAndLeavesOnePageBelowIt) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
   cuda_.fake_settings = true;
   cuda_.settings = "max_split_size_mb:256";
   auto a = Make(4 * kGiB);
@@ -600,6 +629,7 @@ TEST_F(NativeTest, ABudgetTurnsOnExpandableSegmentsAndLeavesOnePageBelowIt) {
 }
 
 TEST_F(NativeTest, ExpandableSegmentsStayAsTheUserSetThem) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
   cuda_.fake_settings = true;
   cuda_.settings = "expandable_segments:False";
   auto a = Make(4 * kGiB);
@@ -607,6 +637,32 @@ TEST_F(NativeTest, ExpandableSegmentsStayAsTheUserSetThem) {
   EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
   EXPECT_FALSE(a->turned_on_expandable_segments());
   EXPECT_THAT(native_.calls, ::testing::Contains("setMemoryFraction(0.25,0)"));  // the budget itself
+}
+
+TEST_F(NativeTest, ABudgetOfAFewPagesKeepsCudaMallocSegments) {
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  cuda_.fake_settings = true;
+  auto a = Make(64 * kMiB);  // under 8 pages of 20 MiB
+  c10::DataPtr p = a->allocate(10);
+  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", double(64 * kMiB) / double(kDeviceTotal), ",0)")));
+}
+
+// Refused settings: a warning, cudaMalloc segments, and still a page of headroom (the refusal
+// may have come after part of the settings took effect).
+TEST_F(NativeTest, RefusedSettingsLeaveTheBudgetAHardCap) {
+  cuda_.fake_settings = true;
+  cuda_.settings_refused = true;
+  auto a = Make(4 * kGiB);
+  c10::DataPtr p = a->allocate(10);
+  c10::DataPtr q = a->allocate(20);
+  EXPECT_NE(p.get(), nullptr);
+  EXPECT_EQ(std::count_if(cuda_.calls.begin(), cuda_.calls.end(),
+                          [](const std::string& c) { return absl::StartsWith(c, "settings("); }),
+            1);  // tried once, not at every allocation
+  EXPECT_FALSE(a->turned_on_expandable_segments());
+  const double expected = double(4 * kGiB - kDefaultLargePage) / double(kDeviceTotal);
+  EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
 }
 
 TEST_F(NativeTest, WithoutABudgetTheSettingsAreLeftAlone) {
