@@ -185,6 +185,14 @@ __attribute__((visibility("default"))) void dtr_thread_init(void) {
     c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
 }
 
+// Note [Statistics before the interpreter's teardown]: DTR_STATS_FILE, written now. The Python
+// package calls it from an atexit handler, which runs before the interpreter's teardown; the C
+// atexit handler (AtExit) runs after it, too late for a process that aborts there (gloo and NCCL
+// process groups destroyed at teardown do, now and then). Writing again later is harmless.
+__attribute__((visibility("default"))) void dtr_write_stats_file(void) {
+  if (dtr::hooks::g_engine) dtr::hooks::g_engine->WriteStatsFile();
+}
+
 __attribute__((visibility("default"))) int dtr_is_active(void) {
   return dtr::hooks::g_active.load() && dtr::hooks::g_engine != nullptr && !dtr::hooks::g_engine->paused() ? 1 : 0;
 }

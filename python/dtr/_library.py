@@ -78,6 +78,7 @@ def load():
         ("dtr_config_error", ctypes.c_char_p, []),
         ("dtr_config_string", ctypes.c_char_p, []),
         ("dtr_stats_json", ctypes.c_char_p, []),
+        ("dtr_write_stats_file", None, []),
         ("dtr_set_budget", ctypes.c_int, [ctypes.c_int64]),
         ("dtr_set_paused", ctypes.c_int, [ctypes.c_int]),
         ("dtr_dispatch_key", ctypes.c_int, []),

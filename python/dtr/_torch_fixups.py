@@ -46,6 +46,9 @@ def apply(lib):
     import os
     os.register_at_fork(before=lib.dtr_fork_hold, after_in_parent=lib.dtr_fork_release,
                         after_in_child=lib.dtr_fork_release)
+    # Note [Statistics before the interpreter's teardown] (hooks/activation.cc).
+    import atexit
+    atexit.register(lib.dtr_write_stats_file)
     from dtr._launcher import _after_import
     _after_import("torch._inductor.output_code", _pin_compiled_graph_inputs)
     _applied = True

@@ -113,11 +113,13 @@ def test_training_is_bit_identical_under_a_budget_on_every_rank(tmp_path, mode):
     assert_same_training(ref, got)
     assert_under_pressure(got)
     # {rank} kept the ranks' statistics apart, and each file is that rank's. A rank whose teardown
-    # gloo aborted (TEARDOWN_ABORT, twice in a row: its results stand) died before dtr writes the
-    # file at exit, so there only the files written are checked.
+    # gloo aborted (TEARDOWN_ABORT, twice in a row: its results stand) may have died before dtr
+    # wrote the file (in destroy_process_group, before the interpreter's atexit handlers: Note
+    # [Statistics before the interpreter's teardown]), so there only the files written are
+    # checked, and there may be none (CI, stop 72: both ranks of the fsdp job, twice).
     files = [(rank, tmp_path / f"stats-{rank['rank']}.json") for rank in got.ranks]
     written = [(rank, f) for rank, f in files if f.exists() or not got.teardown_aborted]
-    assert written, "no rank wrote its DTR_STATS_FILE"
+    assert written or got.teardown_aborted, "no rank wrote its DTR_STATS_FILE"
     for rank, f in written:
         assert json.loads(f.read_text())["rematerializations"] >= rank["dtr"]["rematerializations"]
     print(f"{mode}: " + "; ".join(

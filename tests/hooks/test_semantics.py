@@ -139,6 +139,20 @@ def test_stats_file(tmp_path):
     assert s["remat_seconds"] > 0
 
 
+def test_stats_file_is_written_before_the_interpreters_teardown(tmp_path):
+    """Note [Statistics before the interpreter's teardown] (hooks/activation.cc): a process that
+    aborts after its atexit handlers (here os.abort, registered before torch's import, so it runs
+    after dtr's handler; gloo's teardown does it for real) still leaves its DTR_STATS_FILE."""
+    f = tmp_path / "stats.json"
+    script = tmp_path / "abort_at_exit.py"
+    script.write_text("import atexit, os\natexit.register(os.abort)\nimport torch\n"
+                      "x = torch.randn(256, 256)\ny = (x @ x).relu().sum()\nprint(float(y))\n")
+    r = run([PY, str(script)], preload=True, DTR_BUDGET=NEVER_BINDS, DTR_STATS_FILE=str(f))
+    assert r.returncode != 0, "the script was meant to abort at exit"
+    s = json.loads(f.read_text())
+    assert s["ops_recorded"] > 0 and s["peak_allocated_bytes"] > 0
+
+
 def test_a_binding_budget_recycles_cached_memory_instead_of_mapping_anew():
     """Note [Recycling a cached segment] (allocator/caching_allocator.cc): two sizes taking turns
     under a budget that holds only one of them at a time. The cached segment of the other size is
