@@ -343,6 +343,11 @@ class NativeTest : public ::testing::Test {
     ADD_FAILURE() << "allocating " << n << " bytes raised no OutOfMemoryError";
     return "";
   }
+  // How many times the adapter applied allocator settings (Note [Expandable segments under a budget]).
+  long SettingsCalls() const {
+    return std::count_if(cuda_.calls.begin(), cuda_.calls.end(),
+                         [](const std::string& c) { return absl::StartsWith(c, "settings("); });
+  }
   CudaAllocatorAdapter* Keep(std::unique_ptr<CudaAllocatorAdapter> a) {
     a->set_evictor(&evictor_);
     adapters_.push_back(std::move(a));
@@ -504,10 +509,6 @@ TEST_F(NativeTest, BudgetBecomesTheMemoryFractionAndTheSmallerFractionWins) {
   EXPECT_THROW(a->setMemoryFraction(1.5, 0), c10::ValueError);
 }
 
-// Note [Expandable segments overshoot the fraction] (hooks/cuda_allocator.cc): expandable
-// segments map whole large pages after checking the fraction, so the fraction, and the checks
-// that decide when to evict, leave one page below the budget; cudaMalloc segments get the
-// budget itself. The allocator settings are process-wide: each test restores them.
 // Whether this process's settings already turn expandable segments on (the environment's, before
 // torch 2.13): the tests that expect cudaMalloc segments then skip.
 bool ExpandableSegmentsAlreadyOn() {
@@ -521,7 +522,14 @@ bool ExpandableSegmentsAlreadyOn() {
 #endif
 }
 
+#define SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON() \
+  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment"
+
 #if DTR_TORCH_AT_LEAST(2, 13)
+// Note [Expandable segments overshoot the fraction] (hooks/cuda_allocator.cc): expandable
+// segments map whole large pages after checking the fraction, so the fraction, and the checks
+// that decide when to evict, leave one page below the budget; cudaMalloc segments get the
+// budget itself. The allocator settings are process-wide: each test restores them.
 class ExpandableSegments {
  public:
   explicit ExpandableSegments(int page_mb) {
@@ -535,7 +543,7 @@ class ExpandableSegments {
 // The real platform's settings round trip (Note [Expandable segments under a budget]): what it
 // reads and applies are c10's own settings, and the user's other keys survive.
 TEST(RealNativeSettings, TurningOnExpandableSegmentsKeepsTheOtherSettings) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   namespace cac = c10::CachingAllocator;
   CudaPlatform p = MakeCudaPlatform();
   struct Restore {  // the settings are process-wide: the defaults again, even after a failure
@@ -552,7 +560,7 @@ TEST(RealNativeSettings, TurningOnExpandableSegmentsKeepsTheOtherSettings) {
 }
 
 TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   {
     ExpandableSegments on(32);
     auto a = Make(4 * kGiB);
@@ -567,7 +575,7 @@ TEST_F(NativeTest, ExpandableSegmentsLeaveOneLargePageBelowTheBudget) {
 }
 
 TEST_F(NativeTest, UnderExpandableSegmentsEvictionMakesRoomBelowTheLastPage) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   ExpandableSegments on(20);
   auto a = Make(64 * kMiB);
   native_.cap = 44 * kMiB;  // what the fraction allows: the budget less one 20 MiB page
@@ -580,7 +588,7 @@ TEST_F(NativeTest, UnderExpandableSegmentsEvictionMakesRoomBelowTheLastPage) {
 }
 
 TEST_F(NativeTest, ABudgetNotAboveOneExpandablePageIsRefused) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   ExpandableSegments on(20);
   auto a = Make(16 * kMiB);
   EXPECT_THAT(OomMessage(a, 10), HasSubstr("leaves no room under PyTorch's expandable segments, which map memory "
@@ -614,7 +622,7 @@ TEST(SettingsWithExpandableSegments, LeavesTheUsersChoiceAndTheAsyncBackendAlone
 constexpr size_t kDefaultLargePage = 20 * kMiB;  // torch's large_segment_size unless configured
 
 TEST_F(NativeTest, ABudgetTurnsOnExpandableSegmentsAndLeavesOnePageBelowIt) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   cuda_.fake_settings = true;
   cuda_.settings = "max_split_size_mb:256";
   auto a = Make(4 * kGiB);
@@ -629,22 +637,22 @@ TEST_F(NativeTest, ABudgetTurnsOnExpandableSegmentsAndLeavesOnePageBelowIt) {
 }
 
 TEST_F(NativeTest, ExpandableSegmentsStayAsTheUserSetThem) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   cuda_.fake_settings = true;
   cuda_.settings = "expandable_segments:False";
   auto a = Make(4 * kGiB);
   c10::DataPtr p = a->allocate(10);
-  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_EQ(SettingsCalls(), 0);
   EXPECT_FALSE(a->turned_on_expandable_segments());
   EXPECT_THAT(native_.calls, ::testing::Contains("setMemoryFraction(0.25,0)"));  // the budget itself
 }
 
 TEST_F(NativeTest, ABudgetOfAFewPagesKeepsCudaMallocSegments) {
-  if (ExpandableSegmentsAlreadyOn()) GTEST_SKIP() << "expandable segments are on in this process's environment";
+  SKIP_IF_EXPANDABLE_SEGMENTS_ALREADY_ON();
   cuda_.fake_settings = true;
   auto a = Make(64 * kMiB);  // under 8 pages of 20 MiB
   c10::DataPtr p = a->allocate(10);
-  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_EQ(SettingsCalls(), 0);
   EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", double(64 * kMiB) / double(kDeviceTotal), ",0)")));
 }
 
@@ -657,9 +665,7 @@ TEST_F(NativeTest, RefusedSettingsLeaveTheBudgetAHardCap) {
   c10::DataPtr p = a->allocate(10);
   c10::DataPtr q = a->allocate(20);
   EXPECT_NE(p.get(), nullptr);
-  EXPECT_EQ(std::count_if(cuda_.calls.begin(), cuda_.calls.end(),
-                          [](const std::string& c) { return absl::StartsWith(c, "settings("); }),
-            1);  // tried once, not at every allocation
+  EXPECT_EQ(SettingsCalls(), 1);  // tried once, not at every allocation
   EXPECT_FALSE(a->turned_on_expandable_segments());
   const double expected = double(4 * kGiB - kDefaultLargePage) / double(kDeviceTotal);
   EXPECT_THAT(native_.calls, ::testing::Contains(absl::StrCat("setMemoryFraction(", expected, ",0)")));
@@ -669,7 +675,7 @@ TEST_F(NativeTest, WithoutABudgetTheSettingsAreLeftAlone) {
   cuda_.fake_settings = true;
   auto a = Make();
   c10::DataPtr p = a->allocate(10);
-  EXPECT_THAT(cuda_.calls, ::testing::Not(::testing::Contains(::testing::StartsWith("settings("))));
+  EXPECT_EQ(SettingsCalls(), 0);
   EXPECT_FALSE(a->turned_on_expandable_segments());
 }
 
