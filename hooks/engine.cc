@@ -789,6 +789,20 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   }
   if (overwritten != nullptr) AdoptMemory(overwritten, overwritten_impl.get(), fresh_impl.get());
   if (oprec.in_place) return cost;
+  // Note [Outputs that share a storage] (replay_record.h): each view must come back over its
+  // output's storage with its recorded layout, and that output with its own, before any memory
+  // is swapped in (a relayout would copy the output's bytes alone, not the views').
+  for (const OutputView& v : rr.output_views) {
+    if (v.output >= rr.outputs.size() || v.output >= oprec.outputs.size() || !keep[v.output]) continue;
+    const OutputSpec& os = rr.outputs[v.output];
+    const at::Tensor out = GetAt(stack, 0, os.path), view = GetAt(stack, 0, v.path);
+    if (!view.has_storage() || !out.storage().is_alias_of(view.storage()) || !v.meta.Matches(view) ||
+        !os.meta.Matches(out) || out.storage().nbytes() != os.nbytes)
+      return absl::InternalError(absl::StrCat(
+          "dtr: replay of ", oprec.name, " laid out the results that share output ", v.output,
+          "'s storage differently from its first run; the op depends on state dtr does not record, so it cannot be "
+          "rematerialized"));
+  }
   for (size_t i = 0; i < rr.outputs.size() && i < oprec.outputs.size(); ++i) {
     if (!keep[i]) continue;
     const OutputSpec& os = rr.outputs[i];

@@ -554,9 +554,17 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       views_of_inputs = false;
       return;
     }
-    bool fresh = os != nullptr && os->mem != nullptr && os->entry == nullptr && os->serial > serial0;
-    for (auto* seen : new_impls)
-      if (seen == impl) fresh = false;
+    if (auto seen = std::find(new_impls.begin(), new_impls.end(), impl); seen != new_impls.end()) {
+      // Note [Outputs that share a storage] (replay_record.h): a view of a storage an earlier
+      // output of this op made.
+      OutputView& v = rr->output_views.emplace_back();
+      v.path = p;
+      v.meta.Set(t);
+      v.output = size_t(seen - new_impls.begin());
+      views_of_inputs = false;
+      return;
+    }
+    const bool fresh = os != nullptr && os->mem != nullptr && os->entry == nullptr && os->serial > serial0;
     if (fresh || os == nullptr || os->entry == nullptr ||
         std::find(in_entries.begin(), in_entries.end(), os->entry) == in_entries.end())
       views_of_inputs = false;

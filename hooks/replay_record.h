@@ -84,6 +84,23 @@ struct OutputSpec {
   size_t nbytes = 0;
 };
 
+// Note [Outputs that share a storage]
+// A kernel may return several outputs over one storage it allocated. On CUDA,
+// _efficient_attention_backward does so for packed attention (nn.MultiheadAttention's q, k and v
+// are views of one in-projection, and their gradients are made as three views of one chunk,
+// saving a cat); so does any kernel that slices one allocation into its results. Such an op used
+// to run unrecorded, its chunk a constant ("an output is not a new dense storage of its own"):
+// 48 MiB a layer for a d-512 encoder at batch 32 x 256. It is recorded now: the first output over
+// the storage is its OutputSpec, and every later one an OutputView of it, its layout kept. A
+// replay restores the storage from the first and checks each view against what the kernel
+// returned again (the same storage, the same layout); a kernel that lays its results out
+// differently from one call to the next fails the replay with an error, never wrong contents.
+struct OutputView {
+  Path path;
+  TensorMeta meta;
+  size_t output = 0;  // index into ReplayRecord::outputs: the output whose storage it views
+};
+
 // What a record keeps of its op's arguments and tensor operands. Most ops have at most four
 // arguments and two tensor operands: inline, so recording one allocates neither list.
 using RecordedArgs = absl::InlinedVector<c10::IValue, 4>;
@@ -99,6 +116,7 @@ struct ReplayRecord {
   // Aligned with OpRecord::outputs (creating ops). Most ops have one: inline, so recording one
   // allocates nothing for it.
   absl::InlinedVector<OutputSpec, 1> outputs;
+  std::vector<OutputView> output_views;  // Note [Outputs that share a storage]; almost always empty
   int gen_arg = -1;
   c10::optional<at::Generator> gen;          // pristine clone for Generator? args
   c10::optional<at::Generator> default_gen;  // pristine default generator state (seeded ops)

@@ -324,10 +324,55 @@ def held_loss():
     return out
 
 
+def packed_outputs(relaid=False):
+    """Note [Outputs that share a storage] (hooks/replay_record.h): an op whose three results are
+    views of one storage it allocated, as CUDA's _efficient_attention_backward returns the
+    gradients of packed q, k and v. dtr records it: evicted, the storage comes back whole, each
+    view reading its own part. Under dtr the output also says what was unevictable while the
+    views lived and how many replays reading the first took. `relaid`: a kernel that lays its results
+    out differently on every call after the first, which a replay must refuse loudly."""
+    lib = torch.library.Library("aten", "FRAGMENT")
+    lib.define("_dtr_test_packed_triple(Tensor x) -> (Tensor, Tensor, Tensor)")
+    calls = [0]
+
+    def packed(x):
+        calls[0] += 1
+        if relaid and calls[0] > 1:
+            chunk = torch.empty((3,) + tuple(x.shape), dtype=x.dtype)
+            parts = [chunk[i] for i in range(3)]
+        else:
+            chunk = torch.empty((x.shape[0], 3) + tuple(x.shape[1:]), dtype=x.dtype)
+            parts = [chunk.select(1, i) for i in range(3)]
+        for i, part in enumerate(parts):
+            torch.mul(x, i + 1.5, out=part)
+        return tuple(parts)
+
+    lib.impl("_dtr_test_packed_triple", packed, "CPU")
+    keep = ballast()
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(12)).exp()
+    q, k, v = torch.ops.aten._dtr_test_packed_triple(x)
+    s = q + k * v
+    evict_all()
+    out = {}
+    if DTR:
+        stats = json.loads(torch.ops.dtr.stats())
+        out["dtr_unevictable"], replays = stats["unevictable_by_reason"], stats["replays"]
+    try:
+        out["q"] = dg(q)
+        if DTR:
+            out["dtr_replays_reading_q"] = json.loads(torch.ops.dtr.stats())["replays"] - replays
+        out.update(k=dg(k), v=dg(v), s=dg(s), ballast=[dg(t) for t in keep])
+    except RuntimeError as e:
+        out["error"] = str(e).splitlines()[0]
+    del lib
+    return out
+
+
 SCENARIOS = dict(numpy_writes=numpy_writes, kept_numpy_view=kept_numpy_view, conj_neg=conj_neg,
                  global_settings=global_settings, hidden_rng=hidden_rng, lstm_grad_mode=lstm_grad_mode,
                  leaving_python=leaving_python, sparse_quantized=sparse_quantized, fork_workers=fork_workers,
-                 zeroed_grads=zeroed_grads, held_loss=held_loss)
+                 zeroed_grads=zeroed_grads, held_loss=held_loss,
+                 packed_outputs=packed_outputs, packed_outputs_relaid=lambda: packed_outputs(relaid=True))
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -21,13 +21,33 @@ def last_json(r):
 
 @pytest.mark.parametrize("name", ["numpy_writes", "kept_numpy_view", "conj_neg", "global_settings",
                                   "hidden_rng", "lstm_grad_mode", "leaving_python", "sparse_quantized",
-                                  "fork_workers", "zeroed_grads", "held_loss"])
+                                  "fork_workers", "zeroed_grads", "held_loss", "packed_outputs"])
 def test_bit_identical_with_evictions(name):
     plain = last_json(run([PY, SCEN, name]))["out"]
     res = last_json(run([PY, SCEN, name], preload=True, timeout=600, DTR_BUDGET=NEVER_BINDS))
     wrong = {k: (plain[k], res["out"].get(k)) for k in plain if plain[k] != res["out"].get(k)}
     assert not wrong, json.dumps(wrong)[:3000]
     assert res["dtr"]["evictions"] > 0 and res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
+def test_outputs_sharing_a_storage_are_recorded_and_come_back_whole():
+    """Note [Outputs that share a storage] (hooks/replay_record.h): an op's three results over one
+    storage it allocated (CUDA's packed q/k/v gradients) are recorded, so evicting everything
+    evicts their storage too, and reading one view replays the op; before, the storage was a
+    constant, "an output is not a new dense storage of its own"."""
+    res = last_json(run([PY, SCEN, "packed_outputs"], preload=True, DTR_BUDGET=NEVER_BINDS))["out"]
+    assert "error" not in res, res
+    assert not any("not a new dense storage" in reason for reason in res["dtr_unevictable"]), res
+    assert res["dtr_replays_reading_q"] >= 1, res
+
+
+def test_a_replay_that_lays_shared_outputs_out_anew_fails_loudly():
+    """Note [Outputs that share a storage]: a kernel whose results share a storage with another
+    layout on its replay cannot restore the views the program holds: reading one is an error
+    naming the op, never other bytes."""
+    res = last_json(run([PY, SCEN, "packed_outputs_relaid"], preload=True, DTR_BUDGET=NEVER_BINDS))["out"]
+    assert "_dtr_test_packed_triple laid out the results that share output 0's storage differently" in res.get(
+        "error", ""), res
 
 
 @pytest.mark.parametrize("freeze_gradients", ["0", "1"])
