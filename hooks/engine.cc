@@ -789,48 +789,70 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   }
   if (overwritten != nullptr) AdoptMemory(overwritten, overwritten_impl.get(), fresh_impl.get());
   if (oprec.in_place) return cost;
-  // Note [Outputs that share a storage] (replay_record.h): each view must come back over its
-  // output's storage with its recorded layout, and that output with its own, before any memory
-  // is swapped in (a relayout would copy the output's bytes alone, not the views').
-  for (const OutputView& v : rr.output_views) {
-    if (v.output >= rr.outputs.size() || v.output >= oprec.outputs.size() || !keep[v.output]) continue;
-    const OutputSpec& os = rr.outputs[v.output];
-    const at::Tensor out = GetAt(stack, 0, os.path), view = GetAt(stack, 0, v.path);
-    if (!view.has_storage() || !out.storage().is_alias_of(view.storage()) || !v.meta.Matches(view) ||
-        !os.meta.Matches(out) || out.storage().nbytes() != os.nbytes)
-      return absl::InternalError(absl::StrCat(
-          "dtr: replay of ", oprec.name, " laid out the results that share output ", v.output,
-          "'s storage differently from its first run; the op depends on state dtr does not record, so it cannot be "
-          "rematerialized"));
+  // Rule 5: views and autograd's saved tensors read the restored storage with the recorded
+  // layout, so the replay must reproduce it before its memory is swapped in. A kernel may pick
+  // its output layout from things other than its inputs (thread count, backend heuristics):
+  // then the values are copied into the recorded layout. A different dtype or shape means the
+  // op is not a function of what was recorded: refuse, before any memory is swapped in, rather
+  // than restore wrong contents. Note [Outputs that share a storage] (replay_record.h): the
+  // results over an output's storage are checked and copied with it.
+  const bool check_layout = cfg_.rule_enabled(5);
+  auto refuse = [&](const char* what, size_t i, const at::Tensor& t, const TensorMeta& m) {
+    return absl::InternalError(absl::StrCat(
+        "dtr: replay of ", oprec.name, " ", what, " ", i, " produced ", c10::toString(t.scalar_type()), c10::str(t.sizes()),
+        " where ", c10::toString(m.dtype), c10::str(c10::IntArrayRef(m.sizes)),
+        " was recorded; the op depends on state dtr does not record, so it cannot be rematerialized"));
+  };
+  auto differs = [](const at::Tensor& t, const TensorMeta& m) {
+    return t.scalar_type() != m.dtype || !t.sizes().equals(m.sizes);
+  };
+  const size_t nout = std::min(rr.outputs.size(), oprec.outputs.size());
+  if (check_layout) {
+    for (size_t i = 0; i < nout; ++i)
+      if (const at::Tensor out = GetAt(stack, 0, rr.outputs[i].path); keep[i] && differs(out, rr.outputs[i].meta))
+        return refuse("output", i, out, rr.outputs[i].meta);
+    for (const OutputView& v : rr.output_views)
+      if (const at::Tensor view = GetAt(stack, 0, v.path); v.output < nout && keep[v.output] && differs(view, v.meta))
+        return refuse("result over the storage of output", v.output, view, v.meta);
   }
-  for (size_t i = 0; i < rr.outputs.size() && i < oprec.outputs.size(); ++i) {
+  // Every output's memory is settled before any is swapped in: adopting one takes the memory out
+  // of the replay's storage, which a later output over the same storage would then lack.
+  absl::InlinedVector<at::Tensor, 2> settled(nout);
+  for (size_t i = 0; i < nout; ++i) {
     if (!keep[i]) continue;
     const OutputSpec& os = rr.outputs[i];
-    at::Tensor out = GetAt(stack, 0, os.path);
-    // Rule 5: views and autograd's saved tensors read the restored storage with the recorded
-    // layout, so the replay must reproduce it before its memory is swapped in. A kernel may pick
-    // its output layout from things other than its inputs (thread count, backend heuristics):
-    // then the values are copied into the recorded layout. A different dtype or shape means the
-    // op is not a function of what was recorded: refuse rather than restore wrong contents.
-    if (cfg_.rule_enabled(5) && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
-                                 !IsOurs(out.storage().data_ptr()))) {
-      if (out.scalar_type() != os.meta.dtype || !out.sizes().equals(os.meta.sizes))
-        return absl::InternalError(absl::StrCat(
-            "dtr: replay of ", oprec.name, " output ", i, " produced ", c10::toString(out.scalar_type()),
-            c10::str(out.sizes()), " where ", c10::toString(os.meta.dtype), c10::str(c10::IntArrayRef(os.meta.sizes)),
-            " was recorded; the op depends on state dtr does not record, so it cannot be rematerialized"));
-      at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte).device(out.device()));
-      at::Tensor laid_out = at::empty({0}, out.options()).set_(bytes.storage(), os.meta.offset, os.meta.sizes,
-                                                                os.meta.strides);
-      laid_out.copy_(out);
-      out = laid_out;
-      ++relayouts_;
+    const at::Tensor out = GetAt(stack, 0, os.path);
+    bool relayout = check_layout && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
+                                     !IsOurs(out.storage().data_ptr()));
+    for (size_t j = 0; j < i && !relayout; ++j)
+      relayout = keep[j] && GetAt(stack, 0, rr.outputs[j].path).storage().is_alias_of(out.storage());
+    for (const OutputView& v : rr.output_views) {
+      if (!check_layout || relayout || v.output != i) continue;
+      const at::Tensor view = GetAt(stack, 0, v.path);
+      relayout = !view.has_storage() || !view.storage().is_alias_of(out.storage()) || !v.meta.Matches(view);
     }
+    if (!relayout) {
+      settled[i] = out;
+      continue;
+    }
+    at::Tensor bytes = at::empty({int64_t(os.nbytes)}, at::TensorOptions().dtype(at::kByte).device(out.device()));
+    auto lay_out = [&](const at::Tensor& t, const TensorMeta& m) {
+      at::Tensor laid_out = at::empty({0}, t.options()).set_(bytes.storage(), m.offset, m.sizes, m.strides);
+      laid_out.copy_(t);
+      return laid_out;
+    };
+    for (const OutputView& v : rr.output_views)
+      if (v.output == i) lay_out(GetAt(stack, 0, v.path), v.meta);
+    settled[i] = lay_out(out, os.meta);
+    ++relayouts_;
+  }
+  for (size_t i = 0; i < nout; ++i) {
+    if (!keep[i]) continue;
     Entry* e = FindEntry(oprec.outputs[i]);
     if (e == nullptr) return absl::InternalError("dtr: replay target has no entry");
     c10::intrusive_ptr<c10::StorageImpl> target = RestoreTarget(e);
     if (!target) return absl::InternalError("dtr: replay target storage is gone");
-    AdoptMemory(e, target.get(), out.storage().unsafeGetStorageImpl());
+    AdoptMemory(e, target.get(), settled[i].storage().unsafeGetStorageImpl());
   }
   return cost;
 }
@@ -845,6 +867,8 @@ uint64_t Engine::CopyReplay(const OpRecord& op, size_t output) {
   copy->tensors = rr.tensors;
   copy->scalars = rr.scalars;
   copy->outputs.assign(1, rr.outputs[output]);
+  for (const OutputView& v : rr.output_views)  // Note [Outputs that share a storage]
+    if (v.output == output) copy->output_views.push_back({v.path, v.meta, 0});
   copy->gen_arg = rr.gen_arg;
   copy->gen_device = rr.gen_device;
   copy->default_dtype = rr.default_dtype;

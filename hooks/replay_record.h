@@ -92,9 +92,10 @@ struct OutputSpec {
 // to run unrecorded, its chunk a constant ("an output is not a new dense storage of its own"):
 // 48 MiB a layer for a d-512 encoder at batch 32 x 256. It is recorded now: the first output over
 // the storage is its OutputSpec, and every later one an OutputView of it, its layout kept. A
-// replay restores the storage from the first and checks each view against what the kernel
-// returned again (the same storage, the same layout); a kernel that lays its results out
-// differently from one call to the next fails the replay with an error, never wrong contents.
+// replay restores the storage from the first, after checking each view against what the kernel
+// returned again: the same storage, the same layout. Where a kernel lays its results out
+// differently from one call to the next, rule 5's relayout (Engine::Replay) copies every one of
+// them into the recorded layout, the views' bytes too; a different dtype or shape is refused.
 struct OutputView {
   Path path;
   TensorMeta meta;

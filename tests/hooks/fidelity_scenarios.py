@@ -329,20 +329,19 @@ def packed_outputs(relaid=False):
     views of one storage it allocated, as CUDA's _efficient_attention_backward returns the
     gradients of packed q, k and v. dtr records it: evicted, the storage comes back whole, each
     view reading its own part. Under dtr the output also says what was unevictable while the
-    views lived and how many replays reading the first took. `relaid`: a kernel that lays its results
-    out differently on every call after the first, which a replay must refuse loudly."""
+    views lived and how many replays reading the first took. `relaid`: a kernel that, on every call
+    after the first, returns the second and third results from each other's place; a replay must
+    copy them back into the first call's layout."""
     lib = torch.library.Library("aten", "FRAGMENT")
     lib.define("_dtr_test_packed_triple(Tensor x) -> (Tensor, Tensor, Tensor)")
     calls = [0]
 
     def packed(x):
         calls[0] += 1
-        if relaid and calls[0] > 1:
-            chunk = torch.empty((3,) + tuple(x.shape), dtype=x.dtype)
-            parts = [chunk[i] for i in range(3)]
-        else:
-            chunk = torch.empty((x.shape[0], 3) + tuple(x.shape[1:]), dtype=x.dtype)
-            parts = [chunk.select(1, i) for i in range(3)]
+        chunk = torch.empty((x.shape[0], 3) + tuple(x.shape[1:]), dtype=x.dtype)
+        # Relaid: the first result where it was, the other two swapped.
+        slots = (0, 2, 1) if relaid and calls[0] > 1 else (0, 1, 2)
+        parts = [chunk.select(1, slot) for slot in slots]
         for i, part in enumerate(parts):
             torch.mul(x, i + 1.5, out=part)
         return tuple(parts)
