@@ -9,6 +9,8 @@
 #   4. pytest through the installed package: tests/hooks (the torch integration), tests/python
 #      (activation paths, the C++ example via find_package(dtr), the main job) and tests/bench
 #      (not with --python-only).
+# Each section's header says how long the script has run (bash's SECONDS), setup included, so a
+# slow CI run shows where its minutes went.
 # Usage: bash scripts/test.sh [--quick] [--python-only]
 #   --quick        skips the sanitizer builds
 #   --python-only  only steps 1's simulator build and 4, without the training sweep (CI runs the
@@ -30,7 +32,7 @@ bash scripts/setup.sh
 source scripts/env.sh
 jobs=$(nproc)
 
-echo "== C++ build (RelWithDebInfo)"
+echo "== C++ build (RelWithDebInfo) (at ${SECONDS} s)"
 cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTR_BUILD_HOOKS=OFF >/dev/null
 if [ "$python_only" -eq 1 ]; then
   ninja -C build -j"$jobs" dtr-sim dtr-chain
@@ -41,7 +43,7 @@ elif [ "$quick" -eq 0 ]; then
   ninja -C build -j"$jobs" dtr-sim dtr-chain runtime_bench allocator_bench
 else
   ninja -C build -j"$jobs"
-  echo "== C++ tests"
+  echo "== C++ tests (at ${SECONDS} s)"
   ctest --test-dir build --output-on-failure -j"$jobs"
 fi
 
@@ -51,7 +53,7 @@ if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if t
   # Built in setup.sh's pip build tree, where the hooks are already compiled: the tests are
   # switched on there and only they are built (with the ninja that tree was made with, the
   # venv's: another version's build log would make ninja compile everything again).
-  echo "== hooks + CUDA adapter against torch $TORCH_VERSION: C++ tests"
+  echo "== hooks + CUDA adapter against torch $TORCH_VERSION: C++ tests (at ${SECONDS} s)"
   pip_tree=build/py-torch$TORCH_VERSION
   cmake -S . -B "$pip_tree" -DDTR_BUILD_TESTS=ON >/dev/null
   cmake --build "$pip_tree" -j"$jobs" --target cuda_allocator_test env_config_test recycler_test replay_state_test
@@ -59,7 +61,7 @@ if [ "$python_only" -eq 0 ] && "$VENV_PY" -c 'import sys, torch; sys.exit(0 if t
 fi
 
 if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
-  echo "== C++ tests under ASan + UBSan"
+  echo "== C++ tests under ASan + UBSan (at ${SECONDS} s)"
   # Both sanitized builds at -O1, as the sanitizers' documentation advises, with -g1 (line tables:
   # reports keep their file and line): ASan's build takes 3.4 min on CI's two cores, against 4.4
   # with -g and 5.9 at -O2 -g, and the suites run as fast.
@@ -69,7 +71,7 @@ if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
   # Every suite, whatever its label, so that none is left out of CI.
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
-  echo "== TSan: multi-threaded tests"
+  echo "== TSan: multi-threaded tests (at ${SECONDS} s)"
   cmake "${sanitized[@]}" -B build-tsan -DDTR_SANITIZE=thread >/dev/null
   # Only what the `threads` label runs.
   threaded=$(ctest --test-dir build-tsan -L threads -N | sed -n 's/^ *Test *#[0-9]*: *//p')
@@ -78,7 +80,7 @@ if [ "$quick" -eq 0 ] && [ "$python_only" -eq 0 ]; then
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L threads --output-on-failure
 fi
 
-echo "== torch $TORCH_VERSION: integration, package and benchmark smoke tests (pytest, $VENV_DIR)"
+echo "== torch $TORCH_VERSION: integration, package and benchmark smoke tests (pytest, $VENV_DIR) (at ${SECONDS} s)"
 suites=(tests/hooks tests/python)
 # The sweep harness's smoke test does not depend on the wheel: once, with the C++ suites. So does
 # the seven-model training sweep (the same engine code on every wheel; the version-sensitive
@@ -106,4 +108,4 @@ fi
 # mark, and --dist loadgroup keeps each group on one worker, so the fixture runs once.
 BUILD_DIR=$PWD/build "$VENV_PY" -m pytest -q -p no:cacheprovider -n "$jobs" --dist loadgroup --durations=12 \
   "${suites[@]}"
-echo "== all tests passed (torch $TORCH_VERSION)"
+echo "== all tests passed (torch $TORCH_VERSION) (at ${SECONDS} s)"
