@@ -4,8 +4,9 @@
 #      Python's venv and headers, valgrind (bench/step_instructions.py counts instructions with it);
 #   2. a virtual environment (scripts/env.sh: .venv with torch 2.14.1 by default,
 #      TORCH_VERSION=2.13.0 for the CPU wheel in .venv-2.13.0) with torch pinned (any other
-#      request would download gigabytes), torchvision 0.29.1 beside 2.14.1 (the only torch it
-#      imports with), pytest with pytest-xdist, numpy, matplotlib, scikit-build-core and ninja;
+#      request would download gigabytes), torchvision 0.29.1 (the only torch it imports with) and
+#      transformers 5.25.0 beside 2.14.1, pytest with pytest-xdist, numpy, matplotlib,
+#      scikit-build-core and ninja;
 #   3. dtr itself: `pip install --no-build-isolation .`, built against that torch (build tree
 #      kept in build/py-torch<version> so a rebuild is incremental).
 # Run as root or with sudo available.
@@ -39,9 +40,16 @@ pip_q() { "$VENV_PY" -m pip -q --disable-pip-version-check "$@" 2> >(grep -v '^W
 # through item._nodeid, which pytest 9 no longer reads, so every group was silently split.
 pytest_below=9
 want=(torch=="$TORCH_VERSION" numpy "pytest<$pytest_below" pytest-xdist matplotlib "scikit-build-core>=0.10" ninja)
-[ "$TORCH_VERSION" = 2.14.1 ] && want+=(torchvision==0.29.1)
+# Beside 2.14.1 only, where CI runs the real-model tests: torchvision (the only torch it imports
+# with) and Hugging Face transformers (from PyPI, pinned: its models change between releases).
+real_models=()
+[ "$TORCH_VERSION" = 2.14.1 ] && real_models=(torchvision==0.29.1 transformers==5.25.0)
+want+=("${real_models[@]}")
 have=$("$VENV_PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have" != "$TORCH_VERSION" ] || ! "$VENV_PY" -c 'import sys, pytest, xdist, numpy, matplotlib, scikit_build_core
+have_real_models=$("$VENV_PY" -c 'import importlib.metadata as m
+print(" ".join(f"{p}=={m.version(p)}" for p in ("torchvision", "transformers")))' 2>/dev/null || true)
+if [ "$have" != "$TORCH_VERSION" ] || { [ ${#real_models[@]} -gt 0 ] && [ "$have_real_models" != "${real_models[*]}" ]; } ||
+   ! "$VENV_PY" -c 'import sys, pytest, xdist, numpy, matplotlib, scikit_build_core
 sys.exit(int(pytest.__version__.split(".")[0]) >= '"$pytest_below"')' 2>/dev/null; then
   echo "setup: installing ${want[*]} into $VENV_DIR"
   pip_q install "${want[@]}"

@@ -87,6 +87,9 @@ suites=(tests/hooks tests/python)
 # paths are in the activation, semantics, coexistence and config tests, which run on both).
 [ "$python_only" -eq 0 ] && suites+=(tests/bench)
 [ "$python_only" -eq 1 ] && suites+=(--ignore=tests/hooks/test_training.py)
+# So do the Hugging Face models (setup.sh installs transformers beside the first wheel only): the
+# same engine code on every wheel, about 80 s of CI.
+[ "$python_only" -eq 1 ] && suites+=(--ignore=tests/hooks/test_transformers_models.py)
 # Of the seven DDP/FSDP modes, the second wheel runs plain DDP, FSDP and the collectives; the
 # other four are DDP reducer options (bucket views, no_sync, unused parameters, static graph),
 # the same dtr code paths as plain DDP: once, on the first wheel (about 50 s of CI).

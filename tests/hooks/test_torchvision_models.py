@@ -5,12 +5,12 @@ channel shuffle, dense concatenation, stochastic depth) and its ViT and Swin bui
 the budget never exceeded, activations recomputed, and (under a budget that never binds) what dtr
 holds after each step the same. torchvision imports beside torch 2.14.1 only (CI runs these on that wheel); on
 2.13.0 they say why they cannot run."""
-import json
 import os
 
 import pytest
 
-from conftest import HERE, NEVER_BINDS, PY, run
+from conftest import HERE
+from real_models import check_trains_at_half_its_activations
 
 TRAIN = os.path.join(HERE, "train_torchvision.py")
 
@@ -36,32 +36,7 @@ def _torchvision():
         pytest.skip(f"torchvision does not import beside this torch ({e}); these run on 2.14.1")
 
 
-def train(model, size, batch, *launcher):
-    r = run([PY, *launcher, TRAIN, model, "--size", str(size), "--batch", str(batch), "--steps", str(STEPS)])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("model,size,batch", MODELS, ids=[m[0] for m in MODELS])
 def test_trains_bit_identically_at_half_its_activations(model, size, batch):
-    plain = train(model, size, batch)
-    # Recording every op from the start, as under a budget, with nothing evicted but dead storages.
-    free = train(model, size, batch, "-m", "dtr", "--budget", NEVER_BINDS)
-    assert (free["losses"], free["state"]) == (plain["losses"], plain["state"])
-    # Note [Accumulators of dead gradients] (runtime/lifetime.cc): a step leaves nothing behind
-    # (ViT and Swin grew by 3.3 MiB a step; every model held its first step's gradients through
-    # the second). After each step: parameters, momentum buffers and that step's gradients.
-    held = free["allocated_after_step"]
-    assert held == [held[0]] * STEPS, held
-    # Parameters, their gradients and the momentum buffers: what no schedule can evict.
-    static = 3 * plain["param_bytes"]
-    peak = free["dtr"]["peak_allocated_bytes"]
-    assert peak > 1.5 * static, (peak, static)  # activations are most of it
-    budget = int(static + 0.5 * (peak - static))
-    out = train(model, size, batch, "-m", "dtr", "--budget", str(budget))
-    assert (out["losses"], out["state"]) == (plain["losses"], plain["state"])
-    s = out["dtr"]
-    print(f"{model}: peak {peak} B, static {static} B, budget {budget} B: "
-          f"{s['rematerializations']} rematerializations, peak reserved {s['peak_reserved_bytes']} B")
-    assert s["peak_reserved_bytes"] <= budget, s
-    assert s["rematerializations"] > 0, s
+    check_trains_at_half_its_activations(
+        TRAIN, model, [model, "--size", str(size), "--batch", str(batch), "--steps", str(STEPS)])

@@ -1,20 +1,19 @@
 """Trains a torchvision model, unmodified, for a few SGD steps with fixed seeds, and prints one
-JSON line: the losses, a hash of the final state dict (parameters and batch-norm statistics), the
-parameter bytes, and torch.ops.dtr.stats() when dtr is loaded. test_torchvision_models.py runs it
-plainly and under `python -m dtr --budget ...` and compares the two bit for bit.
+JSON line (real_training.py). test_torchvision_models.py runs it plainly and under
+`python -m dtr --budget ...` and compares the two bit for bit.
 
 Models are torchvision's own constructors (no pretrained weights: nothing is downloaded), or,
 for the transformers, torchvision's VisionTransformer and SwinTransformer classes built from a
 small config, dropout and stochastic depth switched on, as a user configures them."""
 import argparse
 import functools
-import hashlib
-import json
 
 import torch
 import torchvision
 from torchvision.models.swin_transformer import SwinTransformer
 from torchvision.models.vision_transformer import VisionTransformer
+
+from real_training import make_optimizer, train
 
 # Built from a config: a 4-layer ViT and a 2-stage Swin, small enough for CI's CPU.
 CONFIGS = {
@@ -44,35 +43,16 @@ def main():
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     a = ap.parse_args()
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = build(a.model).train()
-    if a.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1)
-    dtr_loaded = hasattr(torch.ops, "dtr") and hasattr(torch.ops.dtr, "stats")
-    losses, allocated = [], []
-    for _ in range(a.steps):
+
+    def loss_of_step(model, step):
         x = torch.randn(a.batch, 3, a.size, a.size, generator=data)
         y = torch.randint(0, 10, (a.batch,), generator=data)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if dtr_loaded:  # what dtr holds between steps: constant from the second step on
-            allocated.append(json.loads(torch.ops.dtr.stats())["allocated_bytes"])
-    digest = hashlib.sha256()
-    for value in model.state_dict().values():
-        digest.update(value.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    out = {"losses": losses, "state": digest.hexdigest(),
-           "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
-    if dtr_loaded:
-        out["dtr"] = json.loads(torch.ops.dtr.stats())
-        out["allocated_after_step"] = allocated
-    print(json.dumps(out))
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    train(model, make_optimizer(a.optimizer, model), a.steps, loss_of_step)
 
 
 if __name__ == "__main__":
