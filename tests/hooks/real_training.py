@@ -40,7 +40,7 @@ def train(model, optimizer, steps, loss_of_step):
     for value in model.state_dict().values():
         digest.update(value.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     params = list(model.parameters())
-    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     out = {"losses": losses, "state": digest.hexdigest(),
            "param_bytes": sum(tensor_bytes(p) for p in params),
            "static_bytes": sum(tensor_bytes(p) for p in params) +
