@@ -93,9 +93,12 @@ void Runtime::OnUnreferenced(StorageId id) {
 // So when a storage dies, the results of an op reading it are frozen (constants: their contents
 // are right) if the op is an in-place op of a backward pass (any op of it with the option of
 // Note [Frozen results pass it on]), or a functional forward op, while a backward pass runs,
-// whose results were last used at or after the point the pass has read back to (Note [Next use
-// in a backward pass]'s mirror; with backward_next_use 0 the mirror does not move and no forward
-// result is frozen); and only if every result whose recipe holds the op is resident, held,
+// whose results were last used at or after the point the pass has read back to (the reach:
+// Note [Next use in a backward pass]'s mirror, but moved by evicted inputs too; with the mirror,
+// a Hugging Face Llama's held logits were not frozen when lm_head's backward op had to bring the
+// hidden state back, and the optimizer's first update replayed the forward pass for them:
+// runtime/README.md, "Held outputs across the optimizer step"; with backward_next_use 0 neither
+// moves and no forward result is frozen); and only if every result whose recipe holds the op is resident, held,
 // unlocked and unpinned, so that the op's record goes (or is held only by a dead sibling: Note
 // [Dead siblings of a held result]). A dying storage left unread is then collected instead of
 // evicted. A held activation the pass has still to read keeps its recipe (freezing saved
@@ -176,7 +179,7 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
         break;
       // The loss, not an activation the pass has still to read: the pass went back past its last
       // forward use (Note [Next use in a backward pass]).
-      if (forward_result && !accumulator && out->last_access < backward_mirror_) break;
+      if (forward_result && !accumulator && out->last_access < backward_reach_) break;
       // As for dead constants: a gradient's bytes for the accumulator's evictability, not a scalar's.
       if (accumulator && dying_size * kDeadConstantRatio < out->size) break;
       outputs.push_back(o);

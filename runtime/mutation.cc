@@ -4,6 +4,9 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
 
@@ -174,7 +177,7 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
       Lock(t);
       absl::Status status = Materialize(t);
       Unlock(t);
-      if (!status.ok()) return status;
+      if (!status.ok()) return WithFrozenGradientsHint(status, t);
       if (!RecipeFromOriginal(t, mutated)) Detach(t, ConstantReason::kMutatedAncestor);
     }
   }
@@ -187,6 +190,24 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
   }
   DrainCollection();
   return absl::OkStatus();
+}
+
+// An optimizer's update that cannot bring back an evicted gradient (a parameter's .grad, held
+// and evicted in the backward pass, whose recipe replays the backward ops behind it) fails out
+// of memory. Note [Frozen results pass it on] keeps such gradients as they are computed
+// instead: Hugging Face's Llama with gradient checkpointing at half its activations and Mixtral at
+// 0.3 fail so by default and train with it, bit-identically (runtime/README.md). The error says
+// so, where the option is off.
+absl::Status Runtime::WithFrozenGradientsHint(const absl::Status& status, StorageId target) const {
+  const StorageRecord* r = storages_.Find(target);
+  if (!absl::IsResourceExhausted(status) || config_.freeze_backward_results || r == nullptr || !r->backward_recipe)
+    return status;
+  const absl::string_view message = status.message();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      message, absl::EndsWith(message, ".") ? "" : ".",
+      " This happened while an in-place update (an optimizer's step) brought back an evicted "
+      "gradient: DTR_FREEZE_GRADIENTS=1 (python -m dtr --freeze-gradients) keeps gradients once "
+      "computed instead of evicting and recomputing them, and may train at this budget."));
 }
 
 // Note [Copies of overwritten contents]

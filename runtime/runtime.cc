@@ -96,15 +96,20 @@ void Runtime::NoteOpStart(bool backward, absl::Span<const StorageId> inputs) {
   if (!in_backward_pass_) {
     in_backward_pass_ = true;
     backward_mirror_ = now_;
+    backward_reach_ = now_;
   }
-  // The pass is followed either way; the mirror moves only for Note [Next use in a backward pass]
-  // (Note [Held results of dead inputs] reads it too).
+  // The pass is followed either way; the mirror moves only for Note [Next use in a backward pass],
+  // and so does the reach (Note [Held results of dead inputs]).
   if (config_.backward_next_use <= 0) return;
-  double latest = -1;
-  for (StorageId in : inputs)
-    if (const StorageRecord* r = storages_.Find(in); r != nullptr && r->awaits_backward && r->resident())
-      latest = std::max(latest, r->last_access);
-  if (latest >= 0) backward_mirror_ = std::min(backward_mirror_, latest);
+  double latest = -1, latest_resident = -1;
+  for (StorageId in : inputs) {
+    const StorageRecord* r = storages_.Find(in);
+    if (r == nullptr || !r->awaits_backward) continue;
+    latest = std::max(latest, r->last_access);
+    if (r->resident()) latest_resident = std::max(latest_resident, r->last_access);
+  }
+  if (latest_resident >= 0) backward_mirror_ = std::min(backward_mirror_, latest_resident);
+  if (latest >= 0) backward_reach_ = std::min(backward_reach_, latest);
 }
 
 void Runtime::NoteBackwardAccesses(absl::Span<const StorageId> accessed) {

@@ -433,6 +433,7 @@ class Runtime {
 
   // Note [Mutation]; mutation.cc.
   absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
+  absl::Status WithFrozenGradientsHint(const absl::Status& status, StorageId target) const;
   // Note [Copies of overwritten contents]: gives `copy`, a held resident copy of a storage in
   // `mutated`, its original's recipe instead of freezing it; false (nothing changed) if it cannot.
   bool RecipeFromOriginal(StorageId copy, absl::Span<const StorageId> mutated);
@@ -463,6 +464,8 @@ class Runtime {
   // far back in the forward pass it has read.
   bool in_backward_pass_ = false;
   double backward_mirror_ = 0;
+  // Note [Held results of dead inputs]: the mirror, but moved by evicted inputs too.
+  double backward_reach_ = 0;
   // Note [Rebuilt segments] (remat.cc): the rematerialization under way (Materialize calls
   // nest: the outermost one numbers them), and how deep.
   uint64_t rebuild_epoch_ = 0;

@@ -39,9 +39,13 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="the library's own activation checkpointing (gradient_checkpointing_enable)")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = CONFIGS[a.model]().train()
+    if a.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     data = torch.Generator().manual_seed(1)
     held = {}
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -1165,6 +1166,67 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
     Check();
   }
   EXPECT_THAT(floors, ::testing::Each(floors[0]));
+}
+
+// Note [Held results of dead inputs]: the logits a program holds in its model's output are frozen
+// when the final hidden state dies in the backward pass, also when the backward op that read it
+// last had to bring it back first. Such an input does not move the mirror of Note [Next use in a
+// backward pass]; it moves the reach, which says the pass has gone back past the logits. With
+// the mirror as the rule's test, a Hugging Face Llama's logits kept their recipe, and the
+// optimizer's first update replayed the forward pass to bring them back (Note [Mutation]).
+TEST_F(RuntimeTest, HeldLogitsAreFrozenWhenTheirInputDiesAfterABackwardOpBroughtItBack) {
+  RuntimeConfig config = ExactDtrConfig();
+  config.budget_bytes = 1 << 20;  // never binds
+  Make(config);
+  const StorageId weight = Const(100);
+  const StorageId hidden = PassOp1("norm", {weight}, false);
+  const StorageId logits = PassOp1("lm_head", {hidden, weight}, false);
+  const StorageId log_probs = PassOp1("log_softmax", {logits}, false);
+  const StorageId loss = PassOp1("nll_loss", {log_probs}, false);
+  // The backward pass reads the log-probabilities, computed after the logits: it has not gone
+  // back past them yet.
+  const StorageId grad_logits = PassOp1("nll_loss_backward", {log_probs}, true);
+  ASSERT_TRUE(rt_->DropRef(log_probs).ok());
+  // lm_head's backward reads the hidden state, evicted meanwhile, and brings it back.
+  ASSERT_TRUE(rt_->Evict(hidden).ok());
+  const StorageId grad_weight = PassOp1("lm_head_backward", {grad_logits, hidden}, true);
+  EXPECT_TRUE(Resident(hidden));
+  ASSERT_TRUE(rt_->DropRef(hidden).ok());
+  EXPECT_TRUE(Resident(logits));
+  EXPECT_FALSE(rt_->storage(logits)->rematerializable());
+  EXPECT_EQ(rt_->storage(logits)->constant_reason, ConstantReason::kHeldResult);
+  // The hidden state is evicted, its record kept for the weight gradient's recipe, which reads it.
+  ASSERT_NE(rt_->storage(hidden), nullptr);
+  EXPECT_FALSE(Resident(hidden));
+  EXPECT_TRUE(rt_->storage(grad_weight)->rematerializable());
+  // The loss was frozen when the log-probabilities died: the pass had read back to them.
+  EXPECT_EQ(rt_->storage(loss)->constant_reason, ConstantReason::kHeldResult);
+  Check();
+}
+
+// An optimizer's update that cannot bring back an evicted gradient fails out of memory, and the
+// error names DTR_FREEZE_GRADIENTS, which keeps gradients instead (Note [Frozen results pass it
+// on]); with the option on, or for a held storage of the forward pass, it does not.
+TEST_F(RuntimeTest, AnUpdateThatCannotBringBackAGradientNamesFrozenGradients) {
+  for (bool backward : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("held result of a backward op ", backward));
+    RuntimeConfig config = ExactDtrConfig();
+    config.budget_bytes = 1 << 20;
+    Make(config);
+    const StorageId weight = Const(100);
+    const StorageId activation = PassOp1("linear", {weight}, false);
+    const StorageId grad = PassOp1(backward ? "linear_backward" : "scale", {activation}, backward);
+    ASSERT_TRUE(rt_->DropRef(activation).ok());
+    ASSERT_TRUE(rt_->Evict(grad).ok());
+    ASSERT_FALSE(Resident(activation));
+    // No room to replay the two ops behind the gradient.
+    ASSERT_TRUE(rt_->SetBudget(rt_->memory() + 50).ok());
+    std::vector<StorageId> update{weight};
+    absl::Status s = rt_->Mutate({"add_", update, update, true, 0}, []() -> absl::StatusOr<double> { return 1.0; });
+    ASSERT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_EQ(absl::StrContains(s.message(), "DTR_FREEZE_GRADIENTS=1"), backward) << s;
+    Check();
+  }
 }
 
 // Note [Frozen results pass it on]: a backward pass's gradients are frozen when their input dies,
