@@ -94,14 +94,13 @@ void Runtime::OnUnreferenced(StorageId id) {
 // are right) if the op is an in-place op of a backward pass (any op of it with the option of
 // Note [Frozen results pass it on]), or a functional forward op, while a backward pass runs,
 // whose results were last used at or after the point the pass has read back to (the reach:
-// Note [Next use in a backward pass]'s mirror, but moved by evicted inputs too; with the mirror,
-// a Hugging Face Llama's held logits were not frozen when lm_head's backward op had to bring the
-// hidden state back, and the optimizer's first update replayed the forward pass for them:
+// Note [Next use in a backward pass]'s mirror, but moved by evicted inputs too, so that held
+// logits are frozen also when lm_head's backward op had to bring the hidden state back:
 // runtime/README.md, "Held outputs across the optimizer step"; with backward_next_use 0 neither
-// moves and no forward result is frozen); and only if every result whose recipe holds the op is resident, held,
-// unlocked and unpinned, so that the op's record goes (or is held only by a dead sibling: Note
-// [Dead siblings of a held result]). A dying storage left unread is then collected instead of
-// evicted. A held activation the pass has still to read keeps its recipe (freezing saved
+// moves and no forward result is frozen); and only if every result whose recipe holds the op is
+// resident, held, unlocked and unpinned, so that the op's record goes (or is held only by a
+// dead sibling: Note [Dead siblings of a held result]). A dying storage left unread is then
+// collected instead of evicted. A held activation the pass has still to read keeps its recipe (freezing saved
 // activations would pin the forward pass), and so does a forward in-place sum (freezing an
 // LSTM's gate sums ran it out of memory at r <= 0.5) unless it accumulates a dying gradient
 // (Note [Accumulators of dead gradients]).

@@ -433,6 +433,8 @@ class Runtime {
 
   // Note [Mutation]; mutation.cc.
   absl::Status InvalidateReaders(absl::Span<const StorageId> mutated);
+  // `status`, or where bringing back the evicted gradient `target` ran out of memory, the same
+  // error naming DTR_FREEZE_GRADIENTS.
   absl::Status WithFrozenGradientsHint(const absl::Status& status, StorageId target) const;
   // Note [Copies of overwritten contents]: gives `copy`, a held resident copy of a storage in
   // `mutated`, its original's recipe instead of freezing it; false (nothing changed) if it cannot.
