@@ -146,6 +146,9 @@ def render(rows, args):
 # Everything after this line in --out is kept when the file is regenerated (hand-written notes).
 GENERATED_END = "<!-- end of the generated part: bench/activation_budgets.py keeps what follows -->"
 UNEVICTABLE_LIMIT = 0.05  # issue 16: pinned and constant memory beyond static <= 5% of the activations
+# Constants this runtime chose (runtime/records.h, FrozenByChoice), by the names stats report.
+CHOSEN_REASONS = ("held result frozen to free the recipes behind it",
+                  "dead input kept so that a larger held result stays evictable")
 
 
 def render_unevictable(rows):
@@ -156,8 +159,11 @@ def render_unevictable(rows):
            "could not evict (constants, pinned, exposed, locked), leaving out the static storages (parameters, "
            "gradients, optimizer state, batches), from `torch.ops.dtr.unevictable_at_peak`. Share: of the "
            f"activations (peak - static); issue 16 asks for at most {UNEVICTABLE_LIMIT:.0%}. Reasons are listed "
-           "largest first, down to 1% of the activations.\n",
-           "| model | activations | unevictable beyond static | share | within 5% | reasons |", "|---|---|---|---|---|---|"]
+           "largest first, down to 1% of the activations. The last share leaves out what this runtime froze or "
+           "kept by its own choice (live gradients it will not recompute, Note [Held results of dead inputs] "
+           "and the Notes beside it in runtime/lifetime.cc), which Note [Memory floor] counts as evictable.\n",
+           "| model | activations | unevictable beyond static | share | within 5% | reasons | share without dtr's choices |",
+           "|---|---|---|---|---|---|---|"]
     for row in rows:
         u = row.get("unevictable")
         if not u:
@@ -167,8 +173,10 @@ def render_unevictable(rows):
         share = u["unevictable_bytes"] / act
         reasons = sorted(u["by_reason"].items(), key=lambda kv: -kv[1])
         shown = [f"{why} {mib(b)}" for why, b in reasons if b >= 0.01 * act] or ["—"]
+        chosen = sum(b for why, b in reasons if any(r in why for r in CHOSEN_REASONS))
         out.append(f"| {row['model']} | {mib(act)} | {mib(u['unevictable_bytes'])} | {share:.1%} | "
-                   f"{'yes' if share <= UNEVICTABLE_LIMIT else '**no**'} | " + "; ".join(shown).replace("|", "/") + " |")
+                   f"{'yes' if share <= UNEVICTABLE_LIMIT else '**no**'} | " + "; ".join(shown).replace("|", "/") +
+                   f" | {(u['unevictable_bytes'] - chosen) / act:.1%} |")
     return "\n".join(out) + "\n"
 
 

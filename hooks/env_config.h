@@ -32,7 +32,8 @@
 //   DTR_BACKWARD_NEXT_USE  a number from 0 to 1 (default 0.75; 0: staleness alone, the DTR
 //                   paper's): Note [Next use in a backward pass], runtime/eviction_search.cc
 //   DTR_FREEZE_GRADIENTS  0 | 1: freeze what every op of a backward pass computed once its input
-//                   dies, not only what its in-place ops accumulated (default: RuntimeConfig's):
+//                   dies, not only what its in-place ops accumulated and its much smaller
+//                   results (default: RuntimeConfig's):
 //                   Note [Frozen results pass it on], runtime/lifetime.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):

@@ -86,13 +86,15 @@ struct RuntimeConfig {
   bool replays_refresh_staleness = false;
   // Note [Held results of dead inputs] (lifetime.cc): the held results of the ops that read a
   // dying storage (what a backward pass accumulated into in place, the loss once the backward
-  // pass has gone past it) are frozen, so it is collected instead of evicted. false keeps their
-  // recipes, for the simulator's comparisons.
+  // pass has gone past it, a backward op's much smaller results) are frozen, so it is collected
+  // instead of evicted, and a frozen result that dies passes this on (or, where a forward op's
+  // held results are much larger, the dying storage is kept: Note [Kept inputs of held
+  // results]). false keeps their recipes, for the simulator's comparisons.
   bool freeze_held_results = true;
   // Note [Frozen results pass it on] (lifetime.cc): with freeze_held_results, the results of every
-  // op of a backward pass are frozen, not only of its in-place ops, and a frozen result that dies
-  // passes the rule on. Faster at most budgets, but a gradient can no longer be evicted, so the
-  // smallest budget that trains rises where gradients must make room; off by default.
+  // op of a backward pass are frozen, not only of its in-place ops and its much smaller ones.
+  // Faster at most budgets, but a gradient can no longer be evicted, so the smallest budget that
+  // trains rises where gradients must make room; off by default.
   bool freeze_backward_results = false;
   // Note [Rebuilt segments] (remat.cc): while a rematerialization is under way, the storages it
   // has already brought back have their scores multiplied by this, so the search takes them

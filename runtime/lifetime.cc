@@ -25,6 +25,15 @@ namespace {
 // Note [Dead constants in accumulating recipes]: the smallest dead input, as a fraction of an
 // accumulator, worth freezing the accumulator for.
 constexpr uint64_t kDeadConstantRatio = 4;
+// Note [Kept inputs of held results]: the largest dying input, as a fraction of the held results
+// it would otherwise freeze, kept instead.
+constexpr uint64_t kKeptInputRatio = 4;
+// Note [Smaller backward results]: the largest held results of a backward op, as a fraction of
+// the dying storage it reads, frozen to let that storage go.
+constexpr uint64_t kSmallerResultRatio = 4;
+// Note [Frozen results pass it on]: the largest held results a dying frozen result passes the
+// freeze on to, as a multiple of its size.
+constexpr uint64_t kPassOnRatio = 64;
 
 template <typename Vec, typename T>
 void EraseValue(Vec& v, const T& x) {
@@ -61,7 +70,10 @@ void Runtime::OnUnreferenced(StorageId id) {
   }
   // Note [Held results of dead inputs]. Freezing drops the recipes that read this storage, and
   // one left unread is queued for collection (ClearRecipe) instead of evicted.
-  if (config_.freeze_held_results && FreezeHeldResultsOf(id) && rec(id).deletion_pending) return;
+  // Note [Kept inputs of held results]: or kept resident, a constant now.
+  if (config_.freeze_held_results && FreezeHeldResultsOf(id) &&
+      (rec(id).deletion_pending || !rec(id).rematerializable()))
+    return;
   if (config_.dealloc == DeallocPolicy::kBanish) {
     if (HasEvictedDependent(id)) {
       rec(id).banish_pending = true;
@@ -109,6 +121,9 @@ void Runtime::OnUnreferenced(StorageId id) {
 // r = 0.10 to 0.19 of its activations, above budgets that train). The rule does not look at the
 // budget: the torch layer's runtime has none (its allocator enforces it). RuntimeConfig::
 // freeze_held_results = false (dtr-sim --keep-held-recipes) keeps the recipes, for comparison.
+// Where a forward op's held results are much larger than the dying storage, that storage is kept
+// instead (Note [Kept inputs of held results]); a backward op's much smaller results are frozen
+// too (Note [Smaller backward results]).
 //
 // Note [Frozen results pass it on]
 // RuntimeConfig::freeze_backward_results (DTR_FREEZE_GRADIENTS=1; off by default) extends the
@@ -122,18 +137,56 @@ void Runtime::OnUnreferenced(StorageId id) {
 // (1.42x -> 1.19x). Freezing them alone broke the 64-layer chain (out of memory above r = 0.5):
 // a frozen gradient that dies once the next backward op has read it is a dead constant, kept
 // resident for as long as that op's result's recipe reads it, and 2.4 MiB of them piled up. So
-// with the option a frozen result that dies passes the rule on (ReleaseDeadConstant): the held
-// results of the ops that read it are frozen in turn, and it is collected once no record reads
-// it (a reader kept by a dead sibling keeps it resident); each gradient is then resident from
-// its input's death to its own, as without dtr. (Without it, a frozen sum that dies
-// while an evicted result's recipe still reads it stays resident until that record goes: Note
-// [Dead constants in accumulating recipes] frees it only from in-place readers.) The price is at
+// a frozen result that dies passes the rule on (ReleaseDeadConstant): the held results of the
+// ops that read it are frozen in turn, and it is collected once no record reads it (a reader
+// kept by a dead sibling keeps it resident); each gradient is then resident from its input's
+// death to its own, as without dtr. Since stop 78 this holds without the option too, for what
+// the rule above froze (a backward pass's in-place sums, the loss), to held results at most
+// kPassOnRatio times the dying one's size: a frozen sum that died while an evicted gradient's
+// recipe still read it stayed resident until that record went (Note [Dead constants in
+// accumulating recipes] frees a dead constant only from in-place readers). Hugging Face's Mamba
+// sums the gradients of its scan's 2 MiB discretized A and B that way, read by exp's and mul's
+// backward ops: four such sums, 8 MiB against a 15 MiB budget, stayed resident through the rest
+// of the backward pass, and the scan thrashed. Without the limit, the lm's 4-byte frozen loss
+// seed passed the freeze on to its 13.6 MiB gradient of the log-probabilities and on, 19 MiB
+// unevictable at its peak; 64 keeps what passing it on gains in dtr-sim on activations.md's
+// traces (with the two rules below: ResNet at r = 0.3 1.64x -> 1.49x, the LSTM at 0.15 2.62x ->
+// 2.18x, the Transformer trains at 0.1; no cell worse; runtime/README.md). The option's price is at
 // the floor: a held gradient is no longer a victim of last resort (Note [Results awaiting their
 // reader]) but a constant, and where only evicting one made room the run stops out of memory:
 // tests/hooks' MLP, whose parameters, gradients and momentum are most of its peak, at 0.95 of
 // its peak; the LSTM at r = 0.15 (2.48x before) and, in real runs, below 0.375 of its peak
 // instead of 0.35. Faster elsewhere (bench/results/activations.md and cpu.md, stop 58), but a
 // user's run that trained must not stop training, so it is an option.
+//
+// Note [Kept inputs of held results]
+// The held results the rule above freezes are often far larger than the storage whose death
+// freezes them: a causal language model's logits (batch x sequence x vocabulary), held in the
+// output object the program keeps until the next step, are frozen when the final hidden state
+// (batch x sequence x hidden) dies in the backward pass. Frozen, they are resident and
+// unevictable through the rest of the backward pass, where memory is tightest. So when the
+// results to freeze of forward ops reading the dying storage are together at least
+// kKeptInputRatio times its size, and it is resident, the dying storage is kept instead: a
+// constant (ConstantReason::kKeptInput, counted by Note [Memory floor] as this runtime's choice,
+// like frozen results), dead, resident for as long as a recipe reads it; the held results keep
+// their one-op recipe and stay evictable, bringing one back replays that op alone. The
+// optimizer's update of the weight they read brings them back and freezes them (Note
+// [Mutation]), as it did before the rule above existed, and the kept storage goes with the last
+// recipe reading it. Hugging Face's Mamba at half its activations (dtr-sim, stop 78): its 2 MB
+// logits against a 128 KiB hidden state; with Note [Smaller backward results] and frozen results
+// passing it on, this trains it at r = 0.5 (1.78x) and 0.45 (4.24x), where without it the scan
+// ran out of memory at 0.5. Results of in-place ops and of the backward pass are frozen as before.
+//
+// Note [Smaller backward results]
+// When a storage dies, a backward op that read it and whose held, resident results together
+// are at most 1/kSmallerResultRatio of its size has them frozen (a sum over a broadcast
+// dimension, the gradient of a matmul's smaller operand): keeping them costs little, and the
+// dying storage is then collected with the records behind it instead of evicted with them kept,
+// so a dead constant those records kept resident goes too. Mamba's scan backward reduces 2 MiB
+// gradients to dt's 256 KiB and A's 4 KiB; without this the chain of its exp's backward kept the
+// frozen sums above resident (it runs out of memory at r = 0.55 with passing on alone, trains at
+// 1.36x with both). Larger results keep their recipes: freezing every backward result is the
+// option of Note [Frozen results pass it on], whose price is at the floor.
 //
 // Note [Dead siblings of a held result]
 // An op's record goes only when no recipe holds it, and a multi-output op's outputs share it.
@@ -153,8 +206,11 @@ void Runtime::OnUnreferenced(StorageId id) {
 // reads them: up to 16 KiB more on the Transformer with no budget. In dtr-sim ResNet is slightly
 // slower for it (0.45 of its peak, three traces: 1.71-1.75x -> 1.77-1.81x; not from the
 // statistics alone), the TreeLSTM faster (0.25: 3.62-4.47x -> 3.24-4.27x).
-bool Runtime::FreezeHeldResultsOf(StorageId dying) {
-  absl::InlinedVector<StorageId, 4> frozen, accumulators;
+bool Runtime::FreezeHeldResultsOf(StorageId dying, bool pass_on) {
+  // Forward results apart: Note [Kept inputs of held results] may keep `dying` instead; and
+  // what a dying frozen result passes on, which must not outweigh it.
+  absl::InlinedVector<StorageId, 4> frozen, forward_frozen, passed_on, accumulators;
+  uint64_t forward_frozen_bytes = 0, passed_on_bytes = 0;
   // Note [Accumulators of dead gradients]
   const bool dying_gradient = rec(dying).rematerializable() && rec(dying).backward_recipe;
   const uint64_t dying_size = rec(dying).size;
@@ -163,7 +219,10 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
     const bool backward_result = op.backward && (op.in_place || config_.freeze_backward_results);
     const bool forward_result = !op.backward && !op.in_place && in_backward_pass_;
     const bool accumulator = dying_gradient && !op.backward && !in_backward_pass_ && (op.in_place || op.copies_input);
-    if (!backward_result && !forward_result && !accumulator) continue;
+    // Note [Smaller backward results], or what a dying frozen result passes on (Note [Frozen
+    // results pass it on]).
+    const bool functional_backward = op.backward && !backward_result;
+    if (!backward_result && !forward_result && !accumulator && !functional_backward) continue;
     absl::InlinedVector<StorageId, 2> outputs;
     size_t dead_siblings = 0;
     for (StorageId o : op.outputs) {
@@ -186,15 +245,36 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying) {
     // Only if the op goes with them (freezing some of its results leaves it reading `dying`), or
     // if what keeps it is a dead sibling (Note [Dead siblings of a held result]).
     if (outputs.empty() || outputs.size() + dead_siblings != op.recipe_users) continue;
-    auto& into = accumulator ? accumulators : frozen;
-    for (StorageId o : outputs)
-      if (!ContainsValue(frozen, o) && !ContainsValue(accumulators, o)) into.push_back(o);
+    bool passing_on = false;
+    if (functional_backward) {
+      uint64_t bytes = 0;
+      for (StorageId o : outputs) bytes += rec(o).size;
+      passing_on = bytes * kSmallerResultRatio > dying_size;
+      if (passing_on && !pass_on) continue;
+    }
+    auto& into = accumulator ? accumulators : passing_on ? passed_on : op.backward ? frozen : forward_frozen;
+    for (StorageId o : outputs) {
+      if (ContainsValue(frozen, o) || ContainsValue(forward_frozen, o) || ContainsValue(passed_on, o) ||
+          ContainsValue(accumulators, o))
+        continue;
+      into.push_back(o);
+      if (&into == &forward_frozen) forward_frozen_bytes += rec(o).size;
+      if (&into == &passed_on) passed_on_bytes += rec(o).size;
+    }
   }
+  // Note [Frozen results pass it on]: not to results out of all proportion to the dying one.
+  if (passed_on_bytes <= dying_size * kPassOnRatio) frozen.insert(frozen.end(), passed_on.begin(), passed_on.end());
+  // Note [Kept inputs of held results]
+  const StorageRecord& d = rec(dying);
+  const bool keep_dying = !forward_frozen.empty() && d.rematerializable() && d.resident() && d.locks == 0 && d.pins == 0 &&
+                          !d.rebuilding && d.size * kKeptInputRatio <= forward_frozen_bytes;
+  if (!keep_dying) frozen.insert(frozen.end(), forward_frozen.begin(), forward_frozen.end());
   for (StorageId o : frozen) Detach(o, ConstantReason::kHeldResult);
   // Frozen by this runtime, but optimizer state, which lives across steps: Note [Memory floor]
   // counts it as a constant, as it does the accumulators ReleaseDeadConstant freezes.
   for (StorageId o : accumulators) Detach(o, ConstantReason::kAccumulator);
-  return !frozen.empty() || !accumulators.empty();
+  if (keep_dying) Detach(dying, ConstantReason::kKeptInput);
+  return !frozen.empty() || !accumulators.empty() || keep_dying;
 }
 
 // Note [Gradients that keep dead constants]
@@ -266,7 +346,7 @@ void Runtime::Detach(StorageId id, ConstantReason why) {
   StorageRecord& r = rec(id);
   if (!r.rematerializable()) return;
   r.constant_reason = why;  // before ClearRecipe, which calls out to the backend
-  if (why == ConstantReason::kHeldResult && r.resident()) held_result_bytes_ += r.size;  // Note [Memory floor]
+  if (FrozenByChoice(why) && r.resident()) held_result_bytes_ += r.size;  // Note [Memory floor]
   ClearRecipe(id);
   ++stats_.detached;
   // Frozen with nobody holding it: Note [Dead constants in accumulating recipes].
@@ -312,9 +392,8 @@ void Runtime::Detach(StorageId id, ConstantReason why) {
 // the activation too (its contents are right; it only stops being evictable): no model here does.
 void Runtime::ReleaseDeadConstant(StorageId id) {
   // Note [Frozen results pass it on]
-  if (config_.freeze_held_results && config_.freeze_backward_results &&
-      rec(id).constant_reason == ConstantReason::kHeldResult)
-    FreezeHeldResultsOf(id);
+  if (config_.freeze_held_results && rec(id).constant_reason == ConstantReason::kHeldResult)
+    FreezeHeldResultsOf(id, /*pass_on=*/true);
   const uint64_t size = rec(id).size;
   std::vector<StorageId> accumulators;
   for (OpId op_id : rec(id).readers) {
@@ -387,7 +466,7 @@ void Runtime::DrainCollection() {
       --evicted_count_;
     } else {
       memory_ -= r.size;
-      if (r.constant_reason == ConstantReason::kHeldResult) held_result_bytes_ -= r.size;
+      if (FrozenByChoice(r.constant_reason)) held_result_bytes_ -= r.size;
       backend_->Release(id, r, /*permanently=*/true);
     }
     r.state = StorageState::kBanished;

@@ -101,7 +101,7 @@ absl::Status Runtime::Mutate(const MutateCall& call,
     }
     rec(m).recipe.push_back(op_id);
     rec(m).backward_recipe |= call.backward;  // Note [Results of the backward pass]
-    if (rec(m).constant_reason == ConstantReason::kHeldResult) held_result_bytes_ -= rec(m).size;  // Note [Memory floor]
+    if (FrozenByChoice(rec(m).constant_reason)) held_result_bytes_ -= rec(m).size;  // Note [Memory floor]
     rec(m).constant_reason = ConstantReason::kNone;
     rec(m).cost += *cost;
     rec(m).replay_depth = depth;
@@ -194,10 +194,11 @@ absl::Status Runtime::InvalidateReaders(absl::Span<const StorageId> mutated) {
 
 // An optimizer's update that cannot bring back an evicted gradient (a parameter's .grad, held
 // and evicted in the backward pass, whose recipe replays the backward ops behind it) fails out
-// of memory. Note [Frozen results pass it on] keeps such gradients as they are computed
-// instead: Hugging Face's Llama with gradient checkpointing at half its activations and Mixtral at
-// 0.3 fail so by default and train with it, bit-identically (runtime/README.md). The error says
-// so, where the option is off.
+// of memory, and so may an in-place accumulation inside a backward pass. The option of Note
+// [Frozen results pass it on] keeps such gradients as they are computed instead: Hugging Face's
+// Mixtral at 0.3 of its activations fails so by default and trains with it, bit-identically, as
+// did the Llama with gradient checkpointing at half its activations until stop 78
+// (runtime/README.md). The error says so, and which kind of write it was, where the option is off.
 absl::Status Runtime::WithFrozenGradientsHint(const absl::Status& status, StorageId target) const {
   const StorageRecord* r = storages_.Find(target);
   if (!absl::IsResourceExhausted(status) || config_.freeze_backward_results || r == nullptr || !r->backward_recipe)
@@ -205,9 +206,12 @@ absl::Status Runtime::WithFrozenGradientsHint(const absl::Status& status, Storag
   const absl::string_view message = status.message();
   return absl::ResourceExhaustedError(absl::StrCat(
       message, absl::EndsWith(message, ".") ? "" : ".",
-      " This happened while an in-place update (an optimizer's step) brought back an evicted "
-      "gradient: DTR_FREEZE_GRADIENTS=1 (python -m dtr --freeze-gradients) keeps gradients once "
-      "computed instead of evicting and recomputing them, and may train at this budget."));
+      " This happened while an in-place ",
+      // NoteOpStart has followed the failing op: a write inside a backward pass is autograd
+      // accumulating a gradient, one outside it an update such as an optimizer's step.
+      in_backward_pass_ ? "accumulation of a gradient in the backward pass" : "update (an optimizer's step, say)",
+      " brought back an evicted gradient: DTR_FREEZE_GRADIENTS=1 (python -m dtr --freeze-gradients) keeps "
+      "gradients once computed instead of evicting and recomputing them, and may train at this budget."));
 }
 
 // Note [Copies of overwritten contents]

@@ -32,8 +32,14 @@ enum class ConstantReason : uint8_t {
   kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
   kAccumulator,        // frozen to release a dead input (Note [Dead constants in accumulating recipes], [Accumulators of dead gradients])
   kHeldResult,         // frozen to release a dead input's recipes (Note [Held results of dead inputs])
+  kKeptInput,          // a dead input kept so that a larger held result stays rematerializable (Note [Kept inputs of held results])
 };
-inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kHeldResult) + 1;
+inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kKeptInput) + 1;
+// Constants this runtime made by its own choice, which another schedule could evict (Note
+// [Memory floor] counts them as evictable).
+inline bool FrozenByChoice(ConstantReason reason) {
+  return reason == ConstantReason::kHeldResult || reason == ConstantReason::kKeptInput;
+}
 inline const char* ConstantReasonName(ConstantReason reason) {
   switch (reason) {
     case ConstantReason::kNone: return "rematerializable";
@@ -45,6 +51,7 @@ inline const char* ConstantReasonName(ConstantReason reason) {
     case ConstantReason::kBanishedAncestor: return "computed from a banished storage";
     case ConstantReason::kAccumulator: return "accumulator frozen to free a dead input";
     case ConstantReason::kHeldResult: return "held result frozen to free the recipes behind it";
+    case ConstantReason::kKeptInput: return "dead input kept so that a larger held result stays evictable";
   }
   return "unknown";
 }

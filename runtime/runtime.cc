@@ -131,13 +131,14 @@ void Runtime::UpdatePeak(uint64_t transient) {
 // go whatever the heuristic does (given which storages the program made constants): dtr-sim
 // reports it next to the smallest budget that trained, to tell a weak policy from a hard limit.
 // Results this runtime froze by its own choice (Note [Held results of dead inputs]) count as
-// evictable: a schedule that kept their recipes could evict them.
+// evictable: a schedule that kept their recipes could evict them; so do the dying inputs it kept
+// instead (Note [Kept inputs of held results]).
 void Runtime::NoteFloor(const InputList& inputs, uint64_t out_bytes) {
   // memory_ - pool_bytes_: unevictable bytes
   uint64_t floor = memory_ - pool_bytes_ - held_result_bytes_ + out_bytes;
   for (StorageId in : inputs) {
     const StorageRecord& r = rec(in);
-    if (r.pool_index != UINT32_MAX || r.constant_reason == ConstantReason::kHeldResult) floor += r.size;
+    if (r.pool_index != UINT32_MAX || FrozenByChoice(r.constant_reason)) floor += r.size;
   }
   stats_.floor_bytes = std::max(stats_.floor_bytes, floor);
 }
@@ -533,7 +534,7 @@ absl::Status Runtime::CheckInvariants() const {
     if (r.state == StorageState::kBanished) status = fail(IdString(id), " is banished but still recorded");
     if (r.resident()) {
       resident_sum += r.size;
-      if (r.constant_reason == ConstantReason::kHeldResult) held_result_sum += r.size;
+      if (FrozenByChoice(r.constant_reason)) held_result_sum += r.size;
       if (r.component != EvictedComponents::kNone) status = fail(IdString(id), " resident with a component");
       if (r.join_pending) status = fail(IdString(id), " resident but awaiting the join of an eviction");
       if (!r.neighbor_evicted) {  // Note [Evicted-neighbor hint]

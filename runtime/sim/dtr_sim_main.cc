@@ -44,8 +44,8 @@ until stop 33: Note [Staleness of replayed storages]).
 instead of freezing them so the dying storage is collected (the rule until stop 57: Note [Held
 results of dead inputs]).
 --freeze-backward-results freezes the held results of every op of a backward pass once an input
-dies, not only of its in-place ops, and a frozen result that dies passes this on (Note [Frozen
-results pass it on]; DTR_FREEZE_GRADIENTS=1 in real runs).
+dies, not only of its in-place ops and its much smaller ones (Note [Frozen results pass it on];
+DTR_FREEZE_GRADIENTS=1 in real runs).
 --rebuild-protection K multiplies by K the scores of the storages a rematerialization under way
 has brought back (default 30; 1: none; Note [Rebuilt segments]).
 --backward-protection K multiplies by K the scores of the storages computed or written by ops the

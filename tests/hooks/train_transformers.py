@@ -15,8 +15,10 @@ from real_training import make_optimizer, train
 VOCAB = 1000
 # Small enough for CI's CPU, each a different family: GPT-2 (learned positions, Conv1D, tied
 # head), Llama (rotary positions, RMSNorm, SwiGLU, grouped-query attention), T5 (encoder-decoder,
-# relative position buckets, cross-attention) and Mixtral (a mixture of experts: data-dependent
-# routing by top-k, sort and histc into grouped matmuls).
+# relative position buckets, cross-attention), Mixtral (a mixture of experts: data-dependent
+# routing by top-k, sort and histc into grouped matmuls) and Mamba (a selective state-space scan,
+# on the CPU the library's sequential loop over positions reading slices of 2 MiB discretized
+# tensors, whose gradients the backward pass sums in place: Note [Smaller backward results]).
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=128, n_embd=128, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0)),
@@ -29,6 +31,8 @@ CONFIGS = {
     "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
         vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)),
+    "mamba": lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2)),
 }
 
 

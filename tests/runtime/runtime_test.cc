@@ -117,6 +117,18 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s;
   }
   bool Resident(StorageId id) { return rt_->storage(id)->resident(); }
+  // Drops the program's last reference to the resident `dying` of `size` bytes, whose memory goes
+  // either way, and checks whether `result` was frozen for it (Note [Held results of dead
+  // inputs]): then `dying` is collected, else evicted with its record kept for `result`'s recipe.
+  void ExpectDeathFreezes(StorageId dying, uint64_t size, StorageId result, bool frozen) {
+    const uint64_t before = rt_->memory();
+    ASSERT_TRUE(rt_->DropRef(dying).ok());
+    EXPECT_EQ(rt_->memory(), before - size);
+    EXPECT_EQ(rt_->storage(dying) == nullptr, frozen);
+    EXPECT_EQ(rt_->storage(result)->rematerializable(), !frozen);
+    if (frozen) EXPECT_EQ(rt_->storage(result)->constant_reason, ConstantReason::kHeldResult);
+    Check();
+  }
   // Note [Recomputation limit]: a chain of ten activations with room for three, five of them read
   // in turn 50 times over, replays much of it at each read while the program computes nothing
   // more; before each read the program spends `gap` between its ops (Note [Program time between
@@ -760,7 +772,9 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
     Chain c;
     c.sum = Const(sum_size);
     c.copy = PassOp1("clone", {c.sum}, true, sum_size);
-    c.grad = PassOp1("sum_backward", {c.copy}, true, 100);
+    // Over a quarter of the copy: Note [Smaller backward results] would freeze a smaller one
+    // when the copy dies.
+    c.grad = PassOp1("sum_backward", {c.copy}, true, 300);
     EXPECT_TRUE(rt_->DropRef(c.copy).ok());
     EXPECT_FALSE(Resident(c.copy));
     return c;
@@ -798,7 +812,7 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
     const auto [sum, copy, grad] = chain(1000);
     ASSERT_TRUE(rt_->DropRef(sum).ok());
     ASSERT_TRUE(rt_->HoldOperand(grad).ok());
-    CopyOf(grad, 100, /*whole=*/true, /*cost=*/1.0, /*inputs_held=*/true);
+    CopyOf(grad, 300, /*whole=*/true, /*cost=*/1.0, /*inputs_held=*/true);
     EXPECT_EQ(rt_->storage(grad)->constant_reason, ConstantReason::kHeldResult);
     EXPECT_EQ(rt_->storage(sum), nullptr);
     EXPECT_EQ(rt_->storage(grad)->locks, 1u);
@@ -1204,6 +1218,96 @@ TEST_F(RuntimeTest, HeldLogitsAreFrozenWhenTheirInputDiesAfterABackwardOpBrought
   Check();
 }
 
+// Note [Kept inputs of held results]: when the hidden state dies, logits many times its size keep
+// their one-op recipe, and the hidden state stays as a constant instead: the logits can be
+// evicted in the backward pass and brought back by one replay. The optimizer's update of the
+// weight brings them back and freezes them (Note [Mutation]), and the hidden state goes with the
+// last recipe reading it.
+TEST_F(RuntimeTest, HeldLogitsKeepTheirRecipeAndTheirMuchSmallerInputIsKeptInstead) {
+  RuntimeConfig config = ExactDtrConfig();
+  config.budget_bytes = 1 << 20;  // never binds
+  Make(config);
+  const StorageId weight = Const(100);
+  const StorageId hidden = PassOp1("norm", {weight}, false, 100);
+  const StorageId logits = PassOp1("lm_head", {hidden, weight}, false, 1000);
+  const StorageId log_probs = PassOp1("log_softmax", {logits}, false, 1000);
+  const StorageId loss = PassOp1("nll_loss", {log_probs}, false, 4);
+  const StorageId grad_logits = PassOp1("nll_loss_backward", {log_probs}, true, 1000);
+  ASSERT_TRUE(rt_->DropRef(log_probs).ok());
+  const StorageId grad_weight = PassOp1("lm_head_backward", {grad_logits, hidden}, true, 100);
+  ASSERT_TRUE(rt_->DropRef(grad_logits).ok());
+  ASSERT_TRUE(rt_->DropRef(hidden).ok());
+  EXPECT_TRUE(Resident(hidden));
+  EXPECT_EQ(rt_->storage(hidden)->constant_reason, ConstantReason::kKeptInput);
+  EXPECT_TRUE(rt_->storage(logits)->rematerializable());
+  EXPECT_EQ(rt_->storage(loss)->constant_reason, ConstantReason::kHeldResult);
+  Check();
+  ASSERT_TRUE(rt_->Evict(logits).ok());
+  const uint64_t replays = rt_->stats().replays;
+  ASSERT_TRUE(rt_->Access(logits).ok());
+  EXPECT_EQ(rt_->stats().replays, replays + 1);
+  ASSERT_TRUE(rt_->Evict(logits).ok());
+  Check();
+  // The update brings the held logits back (they read the old weight) and freezes them.
+  std::vector<StorageId> update{weight};
+  ASSERT_TRUE(rt_->Mutate({"add_", update, update, true, 0}, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+  EXPECT_TRUE(Resident(logits));
+  EXPECT_FALSE(rt_->storage(logits)->rematerializable());
+  // Nothing reads the hidden state any more: the weight's gradient, ten times smaller than the
+  // logits' gradient it was computed from, was frozen when that died (Note [Smaller backward
+  // results]).
+  EXPECT_EQ(rt_->storage(grad_weight)->constant_reason, ConstantReason::kHeldResult);
+  EXPECT_EQ(rt_->storage(hidden), nullptr);
+  Check();
+}
+
+// Note [Smaller backward results]: a dying storage's backward reader whose held result is at most a
+// quarter of its size has that result frozen, and the dying storage is collected with the records
+// behind it; a larger result keeps its recipe, and the dying storage is evicted with its record
+// kept. With freeze_held_results off (dtr-sim --keep-held-recipes) nothing is frozen.
+TEST_F(RuntimeTest, ASmallerBackwardResultIsFrozenSoItsDyingInputIsCollected) {
+  for (bool rule : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("freeze_held_results ", rule));
+    RuntimeConfig config = ExactDtrConfig();
+    config.budget_bytes = 1 << 20;
+    config.freeze_held_results = rule;
+    Make(config);
+    const StorageId x = Const(1);
+    for (uint64_t result_size : {250, 251}) {
+      SCOPED_TRACE(absl::StrCat("result of ", result_size, " bytes"));
+      const StorageId grad = PassOp1("mul_backward", {x}, true, 1000);
+      const StorageId sum = PassOp1("sum_backward", {grad}, true, result_size);
+      ExpectDeathFreezes(grad, 1000, sum, rule && result_size == 250);
+    }
+  }
+}
+
+// Note [Frozen results pass it on], by default: a gradient sum frozen when its contribution died
+// (Note [Held results of dead inputs]) and then dying itself freezes the held result of the
+// backward op that read it and is collected, instead of staying resident as a dead constant for
+// that result's recipe. (HF Mamba's scan summed two 2 MiB gradients so, read by exp's backward:
+// four such sums stayed resident through the rest of the backward pass.)
+TEST_F(RuntimeTest, AFrozenSumThatDiesPassesItOnAndIsCollected) {
+  for (bool rule : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("freeze_held_results ", rule));
+    RuntimeConfig config = ExactDtrConfig();
+    config.budget_bytes = 1 << 20;
+    config.freeze_held_results = rule;
+    Make(config);
+    const StorageId x = Const(1);
+    const StorageId sum = PassOp1("select_backward", {x}, true, 1000);
+    const StorageId contribution = PassOp1("select_backward", {x}, true, 1000);
+    std::vector<StorageId> reads{sum, contribution}, written{sum};
+    Runtime::MutateCall add{"add_", reads, written, true, 0};
+    add.backward = true;
+    ASSERT_TRUE(rt_->Mutate(add, []() -> absl::StatusOr<double> { return 1.0; }).ok());
+    ASSERT_TRUE(rt_->DropRef(contribution).ok());
+    EXPECT_EQ(rt_->storage(sum)->rematerializable(), !rule);
+    const StorageId grad = PassOp1("exp_backward", {sum, x}, true, 1000);
+    ExpectDeathFreezes(sum, 1000, grad, rule);
+  }
+}
+
 // An optimizer's update that cannot bring back an evicted gradient fails out of memory, and the
 // error names DTR_FREEZE_GRADIENTS, which keeps gradients instead (Note [Frozen results pass it
 // on]); with the option on, or for a held storage of the forward pass, it does not.
@@ -1225,8 +1329,33 @@ TEST_F(RuntimeTest, AnUpdateThatCannotBringBackAGradientNamesFrozenGradients) {
     absl::Status s = rt_->Mutate({"add_", update, update, true, 0}, []() -> absl::StatusOr<double> { return 1.0; });
     ASSERT_TRUE(absl::IsResourceExhausted(s)) << s;
     EXPECT_EQ(absl::StrContains(s.message(), "DTR_FREEZE_GRADIENTS=1"), backward) << s;
+    EXPECT_EQ(absl::StrContains(s.message(), "an optimizer's step"), backward) << s;
     Check();
   }
+}
+
+// The same failure inside a backward pass is autograd accumulating a gradient in place, and the
+// hint says so instead of calling it an optimizer's step.
+TEST_F(RuntimeTest, AnAccumulationInTheBackwardPassThatCannotBringBackAGradientSaysSo) {
+  RuntimeConfig config = ExactDtrConfig();
+  config.budget_bytes = 1 << 20;
+  Make(config);
+  const StorageId weight = Const(100);
+  const StorageId activation = PassOp1("linear", {weight}, false);
+  const StorageId grad = PassOp1("linear_backward", {activation}, true);
+  ASSERT_TRUE(rt_->DropRef(activation).ok());
+  ASSERT_TRUE(rt_->Evict(grad).ok());
+  ASSERT_FALSE(Resident(activation));
+  ASSERT_TRUE(rt_->SetBudget(rt_->memory() + 50).ok());
+  std::vector<StorageId> update{weight};
+  Runtime::MutateCall call{"add_", update, update, true, 0};
+  call.backward = true;
+  absl::Status s = rt_->Mutate(call, []() -> absl::StatusOr<double> { return 1.0; });
+  ASSERT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "DTR_FREEZE_GRADIENTS=1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "accumulation of a gradient in the backward pass")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "optimizer")) << s;
+  Check();
 }
 
 // Note [Frozen results pass it on]: a backward pass's gradients are frozen when their input dies,
