@@ -32,7 +32,7 @@ constexpr uint64_t kKeptInputRatio = 4;
 // the dying storage it reads, frozen to let that storage go.
 constexpr uint64_t kSmallerResultRatio = 4;
 // Note [Frozen results pass it on]: the largest held results a dying frozen result passes the
-// freeze on to, as a multiple of its size.
+// freeze on to, all its backward readers' together, as a multiple of its size (over it, none).
 constexpr uint64_t kPassOnRatio = 64;
 
 template <typename Vec, typename T>
@@ -141,8 +141,9 @@ void Runtime::OnUnreferenced(StorageId id) {
 // ops that read it are frozen in turn, and it is collected once no record reads it (a reader
 // kept by a dead sibling keeps it resident); each gradient is then resident from its input's
 // death to its own, as without dtr. Since stop 78 this holds without the option too, for what
-// the rule above froze (a backward pass's in-place sums, the loss), to held results at most
-// kPassOnRatio times the dying one's size: a frozen sum that died while an evicted gradient's
+// this runtime froze as held results (a backward pass's in-place sums, the loss, the results of
+// Note [Smaller backward results], ...), to held results of its backward readers together at
+// most kPassOnRatio times the dying one's size: a frozen sum that died while an evicted gradient's
 // recipe still read it stayed resident until that record went (Note [Dead constants in
 // accumulating recipes] frees a dead constant only from in-place readers). Hugging Face's Mamba
 // sums the gradients of its scan's 2 MiB discretized A and B that way, read by exp's and mul's
@@ -168,8 +169,9 @@ void Runtime::OnUnreferenced(StorageId id) {
 // results to freeze of forward ops reading the dying storage are together at least
 // kKeptInputRatio times its size, and it is resident, the dying storage is kept instead: a
 // constant (ConstantReason::kKeptInput, counted by Note [Memory floor] as this runtime's choice,
-// like frozen results), dead, resident for as long as a recipe reads it; the held results keep
-// their one-op recipe and stay evictable, bringing one back replays that op alone. The
+// like frozen results), dead, resident for as long as a recipe reads it (no in-place reader is
+// frozen to release it, unlike other dead constants); the held results keep their recipe, often
+// that one op over resident or constant inputs, and stay evictable. The
 // optimizer's update of the weight they read brings them back and freezes them (Note
 // [Mutation]), as it did before the rule above existed, and the kept storage goes with the last
 // recipe reading it. Hugging Face's Mamba at half its activations (dtr-sim, stop 78): its 2 MB
@@ -394,6 +396,12 @@ void Runtime::ReleaseDeadConstant(StorageId id) {
   // Note [Frozen results pass it on]
   if (config_.freeze_held_results && rec(id).constant_reason == ConstantReason::kHeldResult)
     FreezeHeldResultsOf(id, /*pass_on=*/true);
+  // Note [Kept inputs of held results]: kept for its forward readers' recipes, which freezing an
+  // in-place reader would not release it from.
+  if (rec(id).constant_reason == ConstantReason::kKeptInput) {
+    MaybeCollect(id);
+    return;
+  }
   const uint64_t size = rec(id).size;
   std::vector<StorageId> accumulators;
   for (OpId op_id : rec(id).readers) {

@@ -32,7 +32,7 @@ enum class ConstantReason : uint8_t {
   kBanishedAncestor,   // its recipe read a banished storage (DeallocPolicy::kBanish)
   kAccumulator,        // frozen to release a dead input (Note [Dead constants in accumulating recipes], [Accumulators of dead gradients])
   kHeldResult,         // frozen to release a dead input's recipes (Note [Held results of dead inputs])
-  kKeptInput,          // a dead input kept so that a larger held result stays rematerializable (Note [Kept inputs of held results])
+  kKeptInput,          // a dead input kept so that a larger held result stays evictable (Note [Kept inputs of held results])
 };
 inline constexpr size_t kConstantReasonCount = size_t(ConstantReason::kKeptInput) + 1;
 // Constants this runtime made by its own choice, which another schedule could evict (Note

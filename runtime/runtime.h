@@ -423,7 +423,8 @@ class Runtime {
   void ReleaseDeadConstant(StorageId id);
   // Note [Held results of dead inputs] (lifetime.cc): whether it froze any, or kept `dying`
   // (Note [Kept inputs of held results]). pass_on: `dying` is a frozen result, whose backward
-  // readers' held results are all frozen (Note [Frozen results pass it on]).
+  // readers' held results are frozen too if together at most kPassOnRatio times its size (Note
+  // [Frozen results pass it on]).
   bool FreezeHeldResultsOf(StorageId dying, bool pass_on = false);
   void FreezeGradientsKeepingDeadConstants(absl::Span<const StorageId> inputs);
   bool KeepsDeadConstant(StorageId gradient);
