@@ -247,29 +247,28 @@ bool Runtime::FreezeHeldResultsOf(StorageId dying, bool pass_on) {
     // Only if the op goes with them (freezing some of its results leaves it reading `dying`), or
     // if what keeps it is a dead sibling (Note [Dead siblings of a held result]).
     if (outputs.empty() || outputs.size() + dead_siblings != op.recipe_users) continue;
-    bool passing_on = false;
-    if (functional_backward) {
-      uint64_t bytes = 0;
-      for (StorageId o : outputs) bytes += rec(o).size;
-      passing_on = bytes * kSmallerResultRatio > dying_size;
-      if (passing_on && !pass_on) continue;
-    }
+    uint64_t bytes = 0;
+    for (StorageId o : outputs) bytes += rec(o).size;
+    const bool passing_on = functional_backward && bytes * kSmallerResultRatio > dying_size;
+    if (passing_on && !pass_on) continue;
     auto& into = accumulator ? accumulators : passing_on ? passed_on : op.backward ? frozen : forward_frozen;
+    uint64_t uncounted = 0;
+    uint64_t& into_bytes = passing_on ? passed_on_bytes : forward_result ? forward_frozen_bytes : uncounted;
     for (StorageId o : outputs) {
       if (ContainsValue(frozen, o) || ContainsValue(forward_frozen, o) || ContainsValue(passed_on, o) ||
           ContainsValue(accumulators, o))
         continue;
       into.push_back(o);
-      if (&into == &forward_frozen) forward_frozen_bytes += rec(o).size;
-      if (&into == &passed_on) passed_on_bytes += rec(o).size;
+      into_bytes += rec(o).size;
     }
   }
   // Note [Frozen results pass it on]: not to results out of all proportion to the dying one.
   if (passed_on_bytes <= dying_size * kPassOnRatio) frozen.insert(frozen.end(), passed_on.begin(), passed_on.end());
   // Note [Kept inputs of held results]
   const StorageRecord& d = rec(dying);
-  const bool keep_dying = !forward_frozen.empty() && d.rematerializable() && d.resident() && d.locks == 0 && d.pins == 0 &&
-                          !d.rebuilding && d.size * kKeptInputRatio <= forward_frozen_bytes;
+  // Unlocked and unpinned: OnUnreferenced comes here only then (a frozen `dying` is no candidate).
+  const bool keep_dying = !forward_frozen.empty() && d.rematerializable() && d.resident() && !d.rebuilding &&
+                          d.size * kKeptInputRatio <= forward_frozen_bytes;
   if (!keep_dying) frozen.insert(frozen.end(), forward_frozen.begin(), forward_frozen.end());
   for (StorageId o : frozen) Detach(o, ConstantReason::kHeldResult);
   // Frozen by this runtime, but optimizer state, which lives across steps: Note [Memory floor]

@@ -1,8 +1,9 @@
 """Real models, unmodified: Hugging Face transformers' GPT-2, Llama, T5, Mixtral and Mamba built
 from small configs as users build them for pretraining (SDPA attention, dropout, the output object
 kept until the next step; Mixtral routes tokens to experts by data-dependent top-k, sort and
-histc; Mamba runs its selective scan as a loop over positions, which ran out of memory at half its
-activations, thrashing, before stop 78: Note [Smaller backward results]), trained plainly and under `python -m dtr --budget` at half their activations: losses and
+histc; Mamba runs its selective scan as a loop over positions, which thrashed out of memory at
+half its activations before stop 78: runtime/README.md, "Dead constants behind the backward
+pass"), trained plainly and under `python -m dtr --budget` at half their activations: losses and
 the final state dict bit-identical, the budget never exceeded, activations recomputed
 (real_models.py). Llama trains with AdamW, the others with SGD and momentum. scripts/setup.sh
 installs transformers beside torch 2.14.1, where CI runs these."""

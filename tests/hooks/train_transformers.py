@@ -18,7 +18,8 @@ VOCAB = 1000
 # relative position buckets, cross-attention), Mixtral (a mixture of experts: data-dependent
 # routing by top-k, sort and histc into grouped matmuls) and Mamba (a selective state-space scan,
 # on the CPU the library's sequential loop over positions reading slices of 2 MiB discretized
-# tensors, whose gradients the backward pass sums in place: Note [Smaller backward results]).
+# tensors, whose gradients the backward pass sums in place: runtime/README.md, "Dead constants
+# behind the backward pass").
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=128, n_embd=128, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0)),

@@ -188,8 +188,9 @@ class RuntimeTest : public ::testing::Test {
     return k;
   }
   // dtr, exact search, scores without Note [Thrashing]'s factor (so ScoreWith holds).
-  static RuntimeConfig ExactDtrConfig() {
+  static RuntimeConfig ExactDtrConfig(uint64_t budget_bytes = kUnlimitedBudget) {
     RuntimeConfig config;
+    config.budget_bytes = budget_bytes;
     config.search = SearchMode::kExact;
     config.heuristic = HeuristicKind::kDtr;
     config.thrash_damping = 0;
@@ -820,8 +821,7 @@ TEST_F(RuntimeTest, AGradientKeepingADeadConstantIsFrozenWhenTheOptimizerReadsIt
     Check();
   }
   // With freeze_held_results off (dtr-sim --keep-held-recipes) nothing is frozen.
-  RuntimeConfig config = ExactDtrConfig();
-  config.budget_bytes = 1 << 20;
+  RuntimeConfig config = ExactDtrConfig(1 << 20);
   config.freeze_held_results = false;
   Make(config);
   const auto [sum, copy, grad] = chain(1000);
@@ -1189,8 +1189,7 @@ TEST_F(RuntimeTest, HeldResultsOfADyingStorageAreFrozenSoItIsCollected) {
 // the mirror as the rule's test, a Hugging Face Llama's logits kept their recipe, and the
 // optimizer's first update replayed the forward pass to bring them back (Note [Mutation]).
 TEST_F(RuntimeTest, HeldLogitsAreFrozenWhenTheirInputDiesAfterABackwardOpBroughtItBack) {
-  RuntimeConfig config = ExactDtrConfig();
-  config.budget_bytes = 1 << 20;  // never binds
+  RuntimeConfig config = ExactDtrConfig(1 << 20);  // never binds
   Make(config);
   const StorageId weight = Const(100);
   const StorageId hidden = PassOp1("norm", {weight}, false);
@@ -1224,8 +1223,7 @@ TEST_F(RuntimeTest, HeldLogitsAreFrozenWhenTheirInputDiesAfterABackwardOpBrought
 // weight brings them back and freezes them (Note [Mutation]), and the hidden state goes with the
 // last recipe reading it.
 TEST_F(RuntimeTest, HeldLogitsKeepTheirRecipeAndTheirMuchSmallerInputIsKeptInstead) {
-  RuntimeConfig config = ExactDtrConfig();
-  config.budget_bytes = 1 << 20;  // never binds
+  RuntimeConfig config = ExactDtrConfig(1 << 20);  // never binds
   Make(config);
   const StorageId weight = Const(100);
   const StorageId hidden = PassOp1("norm", {weight}, false, 100);
@@ -1268,8 +1266,7 @@ TEST_F(RuntimeTest, HeldLogitsKeepTheirRecipeAndTheirMuchSmallerInputIsKeptInste
 TEST_F(RuntimeTest, ASmallerBackwardResultIsFrozenSoItsDyingInputIsCollected) {
   for (bool rule : {true, false}) {
     SCOPED_TRACE(absl::StrCat("freeze_held_results ", rule));
-    RuntimeConfig config = ExactDtrConfig();
-    config.budget_bytes = 1 << 20;
+    RuntimeConfig config = ExactDtrConfig(1 << 20);
     config.freeze_held_results = rule;
     Make(config);
     const StorageId x = Const(1);
@@ -1290,8 +1287,7 @@ TEST_F(RuntimeTest, ASmallerBackwardResultIsFrozenSoItsDyingInputIsCollected) {
 TEST_F(RuntimeTest, AFrozenSumThatDiesPassesItOnAndIsCollected) {
   for (bool rule : {true, false}) {
     SCOPED_TRACE(absl::StrCat("freeze_held_results ", rule));
-    RuntimeConfig config = ExactDtrConfig();
-    config.budget_bytes = 1 << 20;
+    RuntimeConfig config = ExactDtrConfig(1 << 20);
     config.freeze_held_results = rule;
     Make(config);
     const StorageId x = Const(1);
@@ -1314,8 +1310,7 @@ TEST_F(RuntimeTest, AFrozenSumThatDiesPassesItOnAndIsCollected) {
 TEST_F(RuntimeTest, AnUpdateThatCannotBringBackAGradientNamesFrozenGradients) {
   for (bool backward : {true, false}) {
     SCOPED_TRACE(absl::StrCat("held result of a backward op ", backward));
-    RuntimeConfig config = ExactDtrConfig();
-    config.budget_bytes = 1 << 20;
+    RuntimeConfig config = ExactDtrConfig(1 << 20);
     Make(config);
     const StorageId weight = Const(100);
     const StorageId activation = PassOp1("linear", {weight}, false);
@@ -1337,8 +1332,7 @@ TEST_F(RuntimeTest, AnUpdateThatCannotBringBackAGradientNamesFrozenGradients) {
 // The same failure inside a backward pass is autograd accumulating a gradient in place, and the
 // hint says so instead of calling it an optimizer's step.
 TEST_F(RuntimeTest, AnAccumulationInTheBackwardPassThatCannotBringBackAGradientSaysSo) {
-  RuntimeConfig config = ExactDtrConfig();
-  config.budget_bytes = 1 << 20;
+  RuntimeConfig config = ExactDtrConfig(1 << 20);
   Make(config);
   const StorageId weight = Const(100);
   const StorageId activation = PassOp1("linear", {weight}, false);
@@ -1365,8 +1359,7 @@ TEST_F(RuntimeTest, AnAccumulationInTheBackwardPassThatCannotBringBackAGradientS
 TEST_F(RuntimeTest, AFrozenGradientThatDiesFreezesItsReadersAndIsCollected) {
   for (bool option : {true, false}) {
     SCOPED_TRACE(absl::StrCat("freeze_backward_results ", option));
-    RuntimeConfig config = ExactDtrConfig();
-    config.budget_bytes = 1 << 20;
+    RuntimeConfig config = ExactDtrConfig(1 << 20);
     config.freeze_backward_results = option;
     Make(config);
     const StorageId x = Const(1);
