@@ -91,9 +91,32 @@ def test_dumps_are_read_by_mode(tmp_path):
             f"desc: I1 cache: \ndesc: Timerange: Basic block 0 - 10\ndesc: Trigger: {trigger}\n\n"
             f"positions: line\nevents: Ir\nsummary: {total}\n\nfn=(1) main\n0 {total}\n\ntotals: {total}\n")
     (tmp_path / "other.124.1").write_text("desc: Trigger: Client Request: measured: plain\ntotals: 5\n")
-    assert si.dumped_instructions(str(tmp_path), "chain.") == {"no budget": 1500, "plain": 1000}
+    assert si.dumped_events(str(tmp_path), "chain.") == {"no budget": {"Ir": 1500}, "plain": {"Ir": 1000}}
     rows = si.table(["chain"], {"chain": {"plain": {"instructions_per_step": 1000},
                                           "no budget": {"instructions_per_step": 1500, "ops_recorded": 0},
                                           "1 TiB budget": {"instructions_per_step": 1250, "ops_recorded": 10}}}
                     ).splitlines()
     assert rows[-1] == "| chain | 0.0M | 1.500x | 1.250x | 10 | 50, 25 |"
+
+
+def test_simulated_cache_misses_are_read_and_tabled(tmp_path):
+    """--cache-sim: callgrind's dump then counts nine events; each is read by name, and the table
+    gains the L1 misses a step and the cycle estimate of Note [Simulated cache misses]."""
+    si = load_script()
+    events = "Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw"
+    for i, (mode, totals) in enumerate([("plain", "1000 400 200 20 30 10 1 2 3"),
+                                        ("1 TiB budget", "1200 500 250 40 36 12 1 2 3")]):
+        (tmp_path / f"chain.9.{i + 1}").write_text(
+            f"desc: Trigger: Client Request: measured: {mode}\n\npositions: line\nevents: {events}\n"
+            f"summary: {totals.split()[0]}\n\nfn=(1) main\n0 {totals}\n\ntotals: {totals}\n")
+    read = si.dumped_events(str(tmp_path), "chain.")
+    assert read["1 TiB budget"] == dict(zip(events.split(), [1200, 500, 250, 40, 36, 12, 1, 2, 3]))
+    per_step = {mode: {"instructions_per_step": e["Ir"], "events_per_step": e} for mode, e in read.items()}
+    per_step["plain"]["ops_recorded"] = 0
+    per_step["1 TiB budget"]["ops_recorded"] = 10
+    per_step["no budget"] = {"instructions_per_step": 1000, "ops_recorded": 0}
+    rows = si.table(["chain"], {"chain": per_step}, cache_sim=True).splitlines()
+    assert rows[1].count("---") == rows[0].count("|") - 1, rows
+    # Cycles: plain 1000 + 10 x 60 + 100 x 6 = 2200; 1 TiB 1200 + 10 x 88 + 100 x 6 = 2680.
+    assert rows[-1] == ("| chain | 0.0M | 1.000x | 1.200x | 10 | 0, 20 | 0.00M -> 0.00M (2.00x) | "
+                        "0.00M -> 0.00M (1.20x) | 1.218x |"), rows[-1]

@@ -184,6 +184,53 @@ def test_activation_budgets_table(tmp_path):
     assert bad.returncode == 2 and "--warmup 2 must be at least 0 and below --steps 2" in bad.stderr, bad.stderr
 
 
+def test_activation_runs_table(tmp_path):
+    """bench/activation_runs.py on the chain, one round: real training under a budget that never
+    binds and at half its activations, each against the plain process of its round. Both train
+    (the chain trains down to r = 0.1 in dtr-sim), bit-identical and within budget (a cell says
+    otherwise in words), and the budgeted run rematerializes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
+    out = tmp_path / "activation_runs.md"
+    r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_runs.py"), "--models", "chain", "--rounds", "1",
+                        "--warmup", "1", "--steps", "2", "--ratios", "0.5", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    text = out.read_text()
+    header = [line for line in text.splitlines() if line.startswith("| model |")]
+    assert header == ["| model | plain step | static | peak | never binds | r=0.5 |"], text
+    row = [line for line in text.splitlines() if line.startswith("| chain |")]
+    assert len(row) == 1, text
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    never_binds, half = cells[4], cells[5]
+    assert never_binds[:1].isdigit() and "remat" not in never_binds, cells
+    assert half[:1].isdigit() or half.startswith("**"), cells
+    remats = float(half.split(", ")[1].split(" remat")[0])
+    assert remats > 0, cells
+    assert "NOT bit-identical" not in row[0] and "BUDGET EXCEEDED" not in row[0], cells
+
+
+def test_activation_runs_cells_say_what_went_wrong():
+    """A budget out of memory in most rounds is `out of memory`; a run whose losses differ from
+    its round's plain run, or whose reserved peak passed its budget, says so in its cell."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import activation_runs as ar
+    plain = {"median_step_cpu_seconds": 0.01, "losses": [1.0, 0.5], "param_digest": "a"}
+    ok = dict(plain, status="ok", median_step_cpu_seconds=0.012, peak_reserved_bytes=900,
+              per_step={"rematerializations": 7})
+    oom = {"status": "oom", "message": "out of memory"}
+    assert ar.cell([oom, ok], [plain, plain], 1000)["status"] == "oom"
+    c = ar.cell([ok, ok, oom], [plain, plain, plain], 1000)
+    assert (c["status"], c["ratio"], c["identical"], c["kept"], c["remats"]) == ("ok", 1.2, True, True, 7), c
+    assert ar.render_cell(c, "chain", 0.5) == "1.20x, 7 remat/step"
+    differs = dict(ok, losses=[1.0, 0.25])
+    assert "NOT bit-identical" in ar.render_cell(ar.cell([differs], [plain], 1000), "chain", 0.5)
+    assert "BUDGET EXCEEDED" in ar.render_cell(ar.cell([ok], [plain], 800), "chain", 0.5)
+    # Above issue 16's target: bold (r = 0.5: 1.3x, the TreeLSTM 1.5x).
+    slow = dict(ok, median_step_cpu_seconds=0.014)
+    assert ar.render_cell(ar.cell([slow], [plain], 1000), "chain", 0.5).startswith("**1.40x**")
+    assert ar.render_cell(ar.cell([slow], [plain], 1000), "treelstm", 0.5).startswith("1.40x")
+
+
 def test_op_overhead_reports_each_mode_against_plain():
     """bench/op_overhead.py, three short rounds: a row per mode, plain at 1.00x, every round's
     time printed, and every dtr mode with dtr in its loop (the script exits non-zero otherwise: the
