@@ -18,7 +18,7 @@ These ratios include what dtr-sim leaves out: dtr's bookkeeping of every op (the
 column alone) and its allocator. They also include the shared machine's noise, which the plain
 run measured before each preloaded one bounds.
 
-  python bench/activation_runs.py [--models a,b] [--ratios 0.5,0.3] [--rounds 3] [--out FILE]
+  python bench/activation_runs.py [--models a,b] [--ratios 0.5,0.3] [--rounds 5] [--out FILE]
 """
 import argparse
 import os
@@ -142,7 +142,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(ALL_MODELS))
     ap.add_argument("--ratios", default="0.5,0.3", help="r of the budgets, comma-separated, largest first")
-    ap.add_argument("--rounds", type=int, default=3, help="plain and preloaded processes per model")
+    ap.add_argument("--rounds", type=int, default=5, help="plain and preloaded processes per model")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)

@@ -6,7 +6,7 @@
 # bench/results/activation_runs.md), the per-op overhead (bench/op_overhead.py), dtr's instructions a
 # training step (bench/step_instructions.py: bench/results/instructions.md) and the DDP overhead
 # (bench/results/ddp.md).
-#   bash scripts/bench.sh                       all eight models, CPU (about an hour on 2 cores,
+#   bash scripts/bench.sh                       all eight models, CPU (about 75 minutes on 2 cores,
 #                                               40 minutes of it counting instructions under valgrind)
 #   bash scripts/bench.sh --quick               smoke run: 2 models, 3 budgets, 1 heuristic (< 1 min)
 #   bash scripts/bench.sh --device cuda         the same on a GPU machine
