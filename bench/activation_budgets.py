@@ -196,6 +196,13 @@ def write_keeping_notes(path, text):
         f.write(text + ("\n" + kept if kept else ""))
 
 
+def publish(text, out):
+    """Prints the generated text and, with an --out file, writes it there keeping the notes."""
+    print(text)
+    if out:
+        write_keeping_notes(out, text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build-release"), help="CMake build dir with bin/dtr-sim")
@@ -227,10 +234,7 @@ def main():
     models = args.models.split(",")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         rows = list(pool.map(lambda m: sweep(m, args, dtr.library_path), models))
-    text = render(rows, args)
-    print(text)
-    if args.out:
-        write_keeping_notes(args.out, text)
+    publish(render(rows, args), args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "bench"))
-from activation_budgets import GENERATED_END, mib, write_keeping_notes  # noqa: E402
+from activation_budgets import GENERATED_END, mib, publish  # noqa: E402
 from sweep import ALL_MODELS, NON_BINDING_BUDGET as NEVER_BINDS, Runner, WorkerError  # noqa: E402
 
 # Issue 16 item 3: at r = 0.5 at most 1.3x (the TreeLSTM 1.5x); at r = 0.3 every model at most 2x.
@@ -160,10 +160,7 @@ def main():
             ap.error(f"unknown model {model!r}: one of {', '.join(ALL_MODELS)}")
         rows.append(measure(runner, model, args))
         print(f"activation_runs: {model} done", file=sys.stderr, flush=True)
-    text = render(rows, args)
-    print(text)
-    if args.out:
-        write_keeping_notes(args.out, text)
+    publish(render(rows, args), args.out)
 
 
 if __name__ == "__main__":
