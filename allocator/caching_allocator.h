@@ -179,11 +179,17 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resizes a fully free cached segment (backend Resize) into a segment of `segment_size` holding
   // the requested block, handed out; null, with the segment left as it was, if the backend fails.
+  // With `donors` (fully free cached segments), a growth that takes their pages (Note [Growing
+  // into cached pages]); they are gone afterwards whatever the outcome.
   void* ResizeSegmentIntoBlockLocked(Segment* segment, size_t segment_size, size_t rounded, size_t requested,
-                                     Pool pool, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                     Pool pool, Stream stream, absl::Span<Segment* const> donors = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
   // needs]) enough for at least `at_least` bytes; returns the bytes released.
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segments ReleaseCachedSegmentsLocked(at_least, keep) releases.
+  std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse]: whether rung 1 must not hand out a free block of
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.

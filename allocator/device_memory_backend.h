@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "allocator/stream.h"
 
 namespace dtr::alloc {
@@ -34,10 +35,34 @@ class DeviceMemoryBackend {
     (void)ptr, (void)old_bytes, (void)new_bytes;
     return absl::UnimplementedError("this backend cannot resize memory");
   }
+  // Memory obtained from Allocate, Resize or Split, with its size.
+  struct Piece {
+    void* ptr;
+    size_t bytes;
+  };
+  // Resize to a larger new_bytes that fills the added bytes with the pages backing `donors`, in
+  // order, before any new page (HostBackend: mremap moves them; none is faulted in again). The
+  // donors are gone afterwards whatever the outcome: their pages moved, or returned (Note [Growing
+  // into cached pages], caching_allocator.cc). By default they are freed, then Resize.
+  virtual absl::StatusOr<void*> ResizeWithPagesOf(void* ptr, size_t old_bytes, size_t new_bytes,
+                                                  absl::Span<const Piece> donors) {
+    for (const Piece& donor : donors) Free(donor.ptr, donor.bytes);
+    return Resize(ptr, old_bytes, new_bytes);
+  }
   // Whether Resize from old_bytes to new_bytes is implemented (it may still fail).
   virtual bool CanResize(size_t old_bytes, size_t new_bytes) const {
     (void)old_bytes, (void)new_bytes;
     return false;
+  }
+  // Cuts memory obtained from Allocate(bytes) (or a Resize or Split since) in two without touching
+  // the pages backing it: [ptr, ptr + head_bytes) and [ptr + offset, ptr + bytes), where the
+  // returned offset >= head_bytes is where the second piece starts (HostBackend: head_bytes
+  // rounded up to a page). Each piece is then memory of its own size to Free, Resize or Split.
+  // Unimplemented (the default) where the backend cannot cut that memory there; `ptr` is then
+  // unchanged (Note [Splitting a cached segment], caching_allocator.cc).
+  virtual absl::StatusOr<size_t> Split(void* ptr, size_t bytes, size_t head_bytes) {
+    (void)ptr, (void)bytes, (void)head_bytes;
+    return absl::UnimplementedError("this backend cannot split memory");
   }
   // Alignment guaranteed by Allocate, a power of two; blocks are aligned to the smaller of it
   // and min_block_size (Note [Block alignment]).

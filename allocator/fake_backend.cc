@@ -80,6 +80,34 @@ absl::StatusOr<void*> FakeBackend::Resize(void* ptr, size_t old_bytes, size_t ne
   return reinterpret_cast<void*>(address);
 }
 
+absl::StatusOr<size_t> FakeBackend::Split(void* ptr, size_t bytes, size_t head_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (page_bytes_ == 0) return absl::UnimplementedError("FakeBackend: splitting is off");
+  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == live_.end() || it->second != bytes) {
+    ++counters_.bad_frees;
+    return absl::InvalidArgumentError("FakeBackend: Split of memory it did not hand out");
+  }
+  const size_t offset = (head_bytes + page_bytes_ - 1) / page_bytes_ * page_bytes_;
+  if (head_bytes < page_bytes_ || offset >= bytes || bytes - offset < page_bytes_)
+    return absl::UnimplementedError("FakeBackend: a piece would be smaller than a page");
+  it->second = head_bytes;
+  live_[it->first + offset] = bytes - offset;
+  counters_.live_bytes -= offset - head_bytes;
+  ++counters_.live_segments;
+  ++counters_.split_calls;
+  return offset;
+}
+
+absl::StatusOr<void*> FakeBackend::ResizeWithPagesOf(void* ptr, size_t old_bytes, size_t new_bytes,
+                                                     absl::Span<const Piece> donors) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.donors += static_cast<int64_t>(donors.size());
+  }
+  return DeviceMemoryBackend::ResizeWithPagesOf(ptr, old_bytes, new_bytes, donors);
+}
+
 absl::StatusOr<EventHandle> FakeBackend::RecordEvent(Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (fail_record_event_) return absl::InternalError("FakeBackend: injected RecordEvent failure");
@@ -103,6 +131,11 @@ void FakeBackend::DestroyEvent(EventHandle event) {
     ++counters_.events_destroyed;
     --counters_.live_events;
   }
+}
+
+void FakeBackend::set_page_bytes(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  page_bytes_ = bytes;
 }
 
 void FakeBackend::set_capacity(size_t bytes) {

@@ -24,6 +24,8 @@ class FakeBackend : public DeviceMemoryBackend {
     int64_t failed_allocations = 0;  // injected or over capacity
     int64_t free_calls = 0;
     int64_t resize_calls = 0;  // successful ones
+    int64_t split_calls = 0;  // successful ones
+    int64_t donors = 0;  // pieces given to ResizeWithPagesOf
     int64_t bad_frees = 0;  // unknown pointer or wrong size: always a bug in the caller
     int64_t events_recorded = 0;
     int64_t event_queries = 0;
@@ -48,6 +50,12 @@ class FakeBackend : public DeviceMemoryBackend {
   // segment to a new one (the capacity counts the new size only).
   absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) override;
   bool CanResize(size_t old_bytes, size_t new_bytes) const override;
+  // Unimplemented unless set_page_bytes(P) with P > 0: cuts at head_bytes rounded up to P, where
+  // both pieces are at least P bytes.
+  absl::StatusOr<size_t> Split(void* ptr, size_t bytes, size_t head_bytes) override;
+  // Counts the donors, then frees them and resizes (the default).
+  absl::StatusOr<void*> ResizeWithPagesOf(void* ptr, size_t old_bytes, size_t new_bytes,
+                                          absl::Span<const Piece> donors) override;
   size_t MinAlignment() const override { return alignment_; }
   absl::StatusOr<EventHandle> RecordEvent(Stream stream) override;
   bool EventDone(EventHandle event) override;
@@ -56,6 +64,7 @@ class FakeBackend : public DeviceMemoryBackend {
   // --- Test controls ---
   void set_capacity(size_t bytes);
   void set_resizable(bool on);
+  void set_page_bytes(size_t bytes);
   // The `n`th Allocate call from now (1 = the next one) fails with ResourceExhausted.
   void FailNthAllocation(int64_t n);
   // The next `count` Allocate calls fail.
@@ -80,6 +89,7 @@ class FakeBackend : public DeviceMemoryBackend {
 
   mutable std::mutex mu_;
   bool resizable_ ABSL_GUARDED_BY(mu_) = false;
+  size_t page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t capacity_ ABSL_GUARDED_BY(mu_);
   const size_t alignment_;
   uintptr_t next_address_ ABSL_GUARDED_BY(mu_);

@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,9 +23,58 @@ namespace dtr::alloc {
 // Mapped segments return to the OS when freed and never mix with small allocations.
 constexpr size_t kMapThreshold = 128 << 10;
 
-bool HostBackend::Mapped(size_t padded) const {
+namespace {
+size_t PageSize() {
   static const size_t page_size = size_t(sysconf(_SC_PAGESIZE));  // asked once: CanResize runs per cached segment
-  return padded >= kMapThreshold && alignment_ <= page_size;
+  return page_size;
+}
+
+size_t PageAligned(size_t bytes) {
+  const size_t page = PageSize();
+  return (bytes + page - 1) / page * page;
+}
+
+}  // namespace
+
+bool HostBackend::Mapped(size_t padded) const {
+  return padded >= kMapThreshold && alignment_ <= PageSize();
+}
+
+// Note [Seams]
+// ~~~~~~~~~~~~
+// A segment that took another's pages (Note [Growing into cached pages], caching_allocator.cc) is
+// made of several kernel mappings: anonymous mappings of different origins do not merge. munmap
+// spans mappings, but mremap moves or resizes within one only (EFAULT otherwise). So the backend
+// keeps the seams, the addresses inside a live mapped segment where one mapping ends and the next
+// begins, and resizes or moves such a segment mapping by mapping. A seam the kernel merged away
+// costs one mremap more; a missing seam would fail an mremap, which leaves the memory valid
+// (the resize fails, or the donor's pages are returned instead of moved).
+bool HostBackend::HasSeamInsideLocked(uintptr_t begin, uintptr_t end) const {
+  auto it = seams_.upper_bound(begin);
+  return it != seams_.end() && *it < end;
+}
+
+void HostBackend::UnmapLocked(uintptr_t begin, uintptr_t end) {
+  if (begin >= end) return;
+  munmap(reinterpret_cast<void*>(begin), end - begin);
+  seams_.erase(seams_.lower_bound(begin), seams_.lower_bound(end));
+}
+
+void HostBackend::MovePagesLocked(uintptr_t from, size_t bytes, uintptr_t to) {
+  // The mappings of [from, from + bytes), in order; each lands at the same offset from `to`.
+  std::vector<uintptr_t> starts{from};
+  for (auto it = seams_.upper_bound(from); it != seams_.end() && *it < from + bytes; ++it) starts.push_back(*it);
+  seams_.erase(seams_.lower_bound(from), seams_.lower_bound(from + bytes));
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const uintptr_t begin = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : from + bytes;
+    const uintptr_t at = to + (begin - from);
+    void* moved = mremap(reinterpret_cast<void*>(begin), end - begin, end - begin, MREMAP_MAYMOVE | MREMAP_FIXED,
+                         reinterpret_cast<void*>(at));
+    // Failing (too many mappings), the pages go back to the system and `at` keeps what it had.
+    if (moved == MAP_FAILED) munmap(reinterpret_cast<void*>(begin), end - begin);
+    seams_.insert(at);
+    seams_.insert(at + (end - begin));
+  }
 }
 
 absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
@@ -48,8 +99,13 @@ absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
 
 void HostBackend::Free(void* ptr, size_t bytes) {
   const size_t padded = Padded(bytes);
-  if (Mapped(padded)) munmap(ptr, padded);
-  else std::free(ptr);
+  if (Mapped(padded)) {
+    const auto begin = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mu_);
+    UnmapLocked(begin, begin + PageAligned(padded));
+  } else {
+    std::free(ptr);
+  }
   live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
@@ -62,13 +118,70 @@ absl::StatusOr<void*> HostBackend::Resize(void* ptr, size_t old_bytes, size_t ne
   if (!CanResize(old_bytes, new_bytes))
     return absl::UnimplementedError("HostBackend resizes only segments mapped on their own");
   const size_t old_padded = Padded(old_bytes), new_padded = Padded(new_bytes);
-  // Shrinking unmaps the tail in place; growing may move the mapping, its pages with it.
-  void* p = mremap(ptr, old_padded, new_padded, MREMAP_MAYMOVE);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  void* p;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!HasSeamInsideLocked(begin, begin + PageAligned(old_padded))) {
+    // Shrinking unmaps the tail in place; growing may move the mapping, its pages with it.
+    p = mremap(ptr, old_padded, new_padded, MREMAP_MAYMOVE);
+  } else if (new_padded <= old_padded) {  // Note [Seams]
+    UnmapLocked(begin + PageAligned(new_padded), begin + PageAligned(old_padded));
+    p = ptr;
+  } else {
+    p = mmap(nullptr, new_padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      MovePagesLocked(begin, PageAligned(old_padded), reinterpret_cast<uintptr_t>(p));
+      seams_.erase(reinterpret_cast<uintptr_t>(p));  // a segment's start is no seam
+    }
+  }
   if (p == MAP_FAILED)
     return absl::ResourceExhaustedError(absl::StrCat("HostBackend: mremap(", old_padded, " -> ", new_padded, ") failed"));
   live_bytes_.fetch_add(new_bytes, std::memory_order_relaxed);
   live_bytes_.fetch_sub(old_bytes, std::memory_order_relaxed);
   return p;
+}
+
+absl::StatusOr<size_t> HostBackend::Split(void* ptr, size_t bytes, size_t head_bytes) {
+  (void)ptr;  // a mapping's pages can be unmapped or remapped by range: nothing to do but count
+  const size_t page = PageSize();
+  const size_t offset = (head_bytes + page - 1) / page * page;
+  if (head_bytes == 0 || offset >= bytes || !Mapped(Padded(bytes)) || !Mapped(Padded(head_bytes)) ||
+      !Mapped(Padded(bytes - offset))) {
+    return absl::UnimplementedError("HostBackend splits only into segments mapped on their own");
+  }
+  // The head's last page is still the head's (freed with it), but no longer counted.
+  live_bytes_.fetch_sub(offset - head_bytes, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  seams_.erase(reinterpret_cast<uintptr_t>(ptr) + offset);  // a segment's start is no seam
+  return offset;
+}
+
+absl::StatusOr<void*> HostBackend::ResizeWithPagesOf(void* ptr, size_t old_bytes, size_t new_bytes,
+                                                     absl::Span<const Piece> donors) {
+  absl::StatusOr<void*> grown = new_bytes > old_bytes ? Resize(ptr, old_bytes, new_bytes)
+                                                      : absl::InvalidArgumentError("HostBackend: not a growth");
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto base = grown.ok() ? reinterpret_cast<uintptr_t>(*grown) : 0;
+  uintptr_t at = base + PageAligned(Padded(old_bytes));
+  const uintptr_t end = base + PageAligned(Padded(new_bytes));
+  for (const Piece& donor : donors) {
+    live_bytes_.fetch_sub(donor.bytes, std::memory_order_relaxed);
+    if (!Mapped(Padded(donor.bytes))) {
+      std::free(donor.ptr);
+      continue;
+    }
+    const auto from = reinterpret_cast<uintptr_t>(donor.ptr);
+    const size_t pages = PageAligned(Padded(donor.bytes));
+    const size_t taken = grown.ok() && at < end ? std::min<size_t>(pages, end - at) : 0;
+    if (taken > 0) MovePagesLocked(from, taken, at);
+    UnmapLocked(from + taken, from + pages);
+    at += taken;
+  }
+  if (grown.ok()) {
+    seams_.erase(base);  // neither end of the segment is a seam
+    seams_.erase(end);
+  }
+  return grown;
 }
 
 absl::StatusOr<EventHandle> HostBackend::RecordEvent(Stream stream) {

@@ -6,8 +6,12 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
 #include "allocator/device_memory_backend.h"
 
 namespace dtr::alloc {
@@ -28,6 +32,11 @@ class HostBackend : public DeviceMemoryBackend {
   // after; Unimplemented for the others.
   absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) override;
   bool CanResize(size_t old_bytes, size_t new_bytes) const override;
+  // At a page boundary, where both pieces are mapped on their own; nothing is mapped or unmapped.
+  absl::StatusOr<size_t> Split(void* ptr, size_t bytes, size_t head_bytes) override;
+  // Donors mapped on their own give their pages (mremap); the others are freed.
+  absl::StatusOr<void*> ResizeWithPagesOf(void* ptr, size_t old_bytes, size_t new_bytes,
+                                          absl::Span<const Piece> donors) override;
   size_t MinAlignment() const override { return alignment_; }
   absl::StatusOr<EventHandle> RecordEvent(Stream stream) override;
   bool EventDone(EventHandle event) override { return true; }
@@ -39,10 +48,17 @@ class HostBackend : public DeviceMemoryBackend {
  private:
   size_t Padded(size_t bytes) const { return (bytes + alignment_ - 1) / alignment_ * alignment_; }
   bool Mapped(size_t padded) const;  // Note [Large host segments are mapped]
+  // Note [Seams]: moves the pages of [from, from + bytes) to `to`, mapping by mapping.
+  void MovePagesLocked(uintptr_t from, size_t bytes, uintptr_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnmapLocked(uintptr_t begin, uintptr_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasSeamInsideLocked(uintptr_t begin, uintptr_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t alignment_;
   std::atomic<size_t> live_bytes_{0};
   std::atomic<uint64_t> next_event_{1};
+  std::mutex mu_;
+  // Note [Seams]: addresses inside a mapped segment where one kernel mapping ends and another begins.
+  absl::btree_set<uintptr_t> seams_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dtr::alloc

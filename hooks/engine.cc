@@ -1184,6 +1184,7 @@ std::string Engine::CpuAllocatorJson() {
   const alloc::AllocatorStats s = alloc_->GetStats();
   return absl::StrCat(",\"allocator\":{\"cache_hits\":", s.num_cache_hits, ",\"segment_allocs\":", s.num_segment_allocs,
                       ",\"segment_frees\":", s.num_segment_frees, ",\"segment_resizes\":", s.num_segment_resizes,
+                      ",\"segment_splits\":", s.num_segment_splits, ",\"segment_donors\":", s.num_segment_donors,
                       ",\"cache_flushes\":", s.num_cache_flushes, ",\"alloc_retries\":", s.num_alloc_retries, "}");
 }
 

@@ -66,7 +66,7 @@ class RandomEvictor : public EvictionHandler {
 };
 
 struct FuzzTotals {
-  int64_t allocs = 0, ooms = 0, evictions = 0, flushes = 0, pending = 0, backend_failures = 0, resizes = 0;
+  int64_t allocs = 0, ooms = 0, evictions = 0, flushes = 0, pending = 0, backend_failures = 0, resizes = 0, splits = 0, donors = 0;
 };
 
 void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
@@ -82,6 +82,7 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   const size_t capacity = rng() % 4 == 0 ? (16 + rng() % 64) * kMiB : SIZE_MAX;
   FakeBackend backend(capacity);
   backend.set_resizable(rng() % 2 == 0);  // Note [Recycling a cached segment]
+  if (rng() % 2 == 0) backend.set_page_bytes(size_t{4} << (rng() % 10));  // Note [Splitting a cached segment]
   auto allocator = MakeAllocator(config, &backend);
   ASSERT_NE(allocator, nullptr);
   std::vector<void*> live;
@@ -161,6 +162,8 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   totals.evictions += evictor.calls;
   totals.flushes += stats.num_cache_flushes;
   totals.resizes += stats.num_segment_resizes;
+  totals.splits += stats.num_segment_splits;
+  totals.donors += stats.num_segment_donors;
   totals.backend_failures += stats.num_backend_failures;
 }
 
@@ -175,15 +178,17 @@ TEST(CachingAllocatorFuzzTest, RandomSequencesKeepEveryInvariant) {
     if (HasFatalFailure()) return;
   }
   std::printf("fuzz: %d seeds, %lld allocations, %lld OOMs, %lld eviction calls, %lld cache "
-              "flushes, %lld segment resizes, %lld backend failures, %lld pending-block observations\n",
+              "flushes, %lld segment resizes, %lld splits, %lld donors, %lld backend failures, %lld pending-block observations\n",
               kSeeds, (long long)totals.allocs, (long long)totals.ooms,
-              (long long)totals.evictions, (long long)totals.flushes, (long long)totals.resizes,
+              (long long)totals.evictions, (long long)totals.flushes, (long long)totals.resizes, (long long)totals.splits, (long long)totals.donors,
               (long long)totals.backend_failures, (long long)totals.pending);
   // The workload must actually reach the interesting paths, or the test proves little.
   EXPECT_GT(totals.ooms, 0);
   EXPECT_GT(totals.evictions, 0);
   EXPECT_GT(totals.flushes, 0);
   EXPECT_GT(totals.resizes, 0);  // Note [Recycling a cached segment] was exercised
+  EXPECT_GT(totals.splits, 0);  // Note [Splitting a cached segment] too
+  EXPECT_GT(totals.donors, 0);  // and Note [Growing into cached pages]
   EXPECT_GT(totals.backend_failures, 0);
   EXPECT_GT(totals.pending, 0);
 }

@@ -687,21 +687,87 @@ TEST(RetryLadderTest, Rung4RecyclesACachedSegmentWhenTheBackendCanResize) {
 }
 
 // Note [Recycling a cached segment]: when the largest cached segment cannot grow within the
-// budget by itself, enough of the others are released first (Note [Releasing what a request
-// needs]: the smallest that covers the rest alone).
-TEST(RetryLadderTest, Rung4ReleasesOthersSoTheLargestCachedSegmentCanGrow) {
+// budget by itself, enough of the others go first (Note [Releasing what a request needs]: the
+// smallest that covers the rest alone), their pages given to the growth (Note [Growing into
+// cached pages]).
+TEST(RetryLadderTest, Rung4GivesOthersPagesSoTheLargestCachedSegmentCanGrow) {
   ThreeCachedSegments heap(6 * kKiB, 7 * kKiB, 9 * kKiB);  // cached 22 KiB; reserved 30 KiB
   CachingAllocator* allocator = heap.allocator.get();
   // 14 KiB: c grown to 14 KiB needs 3 KiB more than the cap leaves; a (6 KiB) covers that alone.
   ASSERT_TRUE(allocator->Allocate(14 * kKiB).ok());
   AllocatorStats stats = allocator->GetStats();
   EXPECT_EQ(stats.num_segment_resizes, 1);
-  EXPECT_EQ(stats.num_segment_frees, 1);
+  EXPECT_EQ(stats.num_segment_donors, 1);
+  EXPECT_EQ(heap.backend.counters().donors, 1);
+  EXPECT_EQ(heap.backend.counters().bad_frees, 0);
+  EXPECT_EQ(stats.num_segment_frees, 0);
   EXPECT_EQ(stats.num_segment_allocs, 4);
   EXPECT_EQ(stats.reserved_bytes.current, int64_t(29 * kKiB));
   EXPECT_LE(stats.reserved_bytes.peak, int64_t(32 * kKiB));
   EXPECT_EQ(*allocator->Allocate(7 * kKiB), heap.b);  // still cached at its size
   DTR_EXPECT_OK(allocator->CheckInvariants());
+}
+
+// Note [Splitting a cached segment]: where the backend can cut a segment without touching its
+// pages, a cached segment larger than the request is split instead of shrunk, and the tail stays
+// cached as a segment of its own (the budget's shrink in rung 4, here).
+TEST(RetryLadderTest, Rung4SplitsTheCachedSegmentItWouldShrink) {
+  ThreeCachedSegments heap(4 * kKiB, 6 * kKiB, 10 * kKiB);  // cached 20 KiB; reserved 28 KiB
+  FakeBackend& backend = heap.backend;
+  backend.set_page_bytes(kKiB);
+  CachingAllocator* allocator = heap.allocator.get();
+  // 5 KiB does not fit the 4 KiB left under the cap: b (6 KiB) is cut into 5 KiB and 1 KiB.
+  absl::StatusOr<void*> five = allocator->Allocate(5 * kKiB);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(*five, heap.b);
+  AllocatorStats stats = allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_splits, 1);
+  EXPECT_EQ(stats.num_segment_resizes, 0);
+  EXPECT_EQ(stats.num_segment_frees, 0);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(28 * kKiB)) << "no page went back";
+  EXPECT_EQ(stats.segment_count.current, 5);
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  // The tail is a cached segment of its own: a 1 KiB request is served by it, nothing mapped.
+  absl::StatusOr<void*> one = allocator->Allocate(1 * kKiB);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, static_cast<void*>(static_cast<char*>(heap.b) + 5 * kKiB));
+  EXPECT_EQ(allocator->GetStats().num_segment_allocs, 4);
+  // Each piece goes back to the backend on its own.
+  DTR_ASSERT_OK(allocator->Free(*five));
+  DTR_ASSERT_OK(allocator->Free(*one));
+  DTR_EXPECT_OK(allocator->CheckInvariants());
+  allocator->EmptyCache();
+  EXPECT_EQ(backend.counters().split_calls, 1);
+  EXPECT_EQ(backend.counters().bad_frees, 0);
+  EXPECT_EQ(backend.counters().live_bytes, size_t(8 * kKiB));
+}
+
+// Note [Splitting a cached segment]: a miss splits a nearby cached segment too (Note [Resizing a
+// nearby cached segment]); where the tail would be less than a page, it is shrunk as before.
+TEST(RetryLadderTest, AMissSplitsANearbyCachedSegmentWhereThePagesAllow) {
+  for (size_t page : {2 * kKiB, 4 * kKiB}) {
+    FakeBackend backend;
+    backend.set_page_bytes(page);
+    auto allocator = ResizableSegmentPerBlock(backend);
+    void* eight = *allocator->Allocate(8 * kKiB);
+    DTR_ASSERT_OK(allocator->Free(eight));
+    void* six = *allocator->Allocate(6 * kKiB);
+    EXPECT_EQ(six, eight);
+    AllocatorStats stats = allocator->GetStats();
+    const bool split = page == 2 * kKiB;  // with 4 KiB pages the tail would start at 8 KiB
+    EXPECT_EQ(stats.num_segment_splits, split ? 1 : 0);
+    EXPECT_EQ(stats.num_segment_resizes, split ? 0 : 1);
+    EXPECT_EQ(stats.reserved_bytes.current, int64_t(split ? 8 * kKiB : 6 * kKiB));
+    void* two = *allocator->Allocate(2 * kKiB);
+    EXPECT_EQ(two == static_cast<void*>(static_cast<char*>(eight) + 6 * kKiB), split);
+    EXPECT_EQ(allocator->GetStats().num_segment_allocs, split ? 1 : 2);
+    DTR_ASSERT_OK(allocator->Free(six));
+    DTR_ASSERT_OK(allocator->Free(two));
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+    allocator->EmptyCache();
+    EXPECT_EQ(backend.counters().bad_frees, 0);
+    EXPECT_EQ(backend.counters().live_bytes, 0u);
+  }
 }
 
 TEST(RetryLadderTest, Rung5ReportsEverythingInTheOutOfMemoryMessage) {
