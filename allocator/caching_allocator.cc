@@ -474,6 +474,11 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
 // (its pages kept) and rung 4 releases if the budget needs it. Unlike a block split off inside a
 // segment (Note [Exact reuse]), the tail ties up nothing: it can be released on its own. Reserved
 // bytes fall by less than a page (the rest of the head's last page, still the head's).
+// Only while the budget binds, that is, while it would not let the request map a segment of its
+// own: then pages given back are pages the next growth faults in again. With no budget, or room
+// under it, nothing takes such tails but a request of about their size, and they piled up: DenseNet
+// under a budget that never binds reserved 2.6 MB more every step (50 MB at step 8, 108 MB at step
+// 30) and faulted 830 pages a step, where shrinking holds 50 MB and faults none.
 void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t segment_size, size_t rounded,
                                                      size_t requested, Pool pool, Stream stream,
                                                      absl::Span<Segment* const> donors) {
@@ -492,7 +497,10 @@ void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t se
     ++stats_.num_segment_resizes;
     return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
   }
-  if (segment_size < segment->size) {
+  // Note [Splitting a cached segment]: only where the budget would not map the request afresh.
+  const bool budget_binds = budget_bytes_ != AllocatorConfig::kUnlimited &&
+                            static_cast<size_t>(stats_.reserved_bytes.current) + segment_size > budget_bytes_;
+  if (segment_size < segment->size && budget_binds) {
     const uintptr_t base = segment->base;
     const size_t size = segment->size;
     if (absl::StatusOr<size_t> tail = backend_->Split(reinterpret_cast<void*>(base), size, segment_size); tail.ok()) {

@@ -743,24 +743,33 @@ TEST(RetryLadderTest, Rung4SplitsTheCachedSegmentItWouldShrink) {
 }
 
 // Note [Splitting a cached segment]: a miss splits a nearby cached segment too (Note [Resizing a
-// nearby cached segment]); where the tail would be less than a page, it is shrunk as before.
-TEST(RetryLadderTest, AMissSplitsANearbyCachedSegmentWhereThePagesAllow) {
-  for (size_t page : {2 * kKiB, 4 * kKiB}) {
+// nearby cached segment]) while the budget binds; where the tail would be less than a page, or the
+// budget leaves room for the request's own segment, it is shrunk as before.
+TEST(RetryLadderTest, AMissSplitsANearbyCachedSegmentWhileTheBudgetBinds) {
+  struct Case {
+    size_t page;
+    size_t budget;
+    bool split;
+  };
+  // 8 KiB cached and a 6 KiB request: 14 KiB would pass a 12 KiB budget.
+  for (const Case& c : {Case{2 * kKiB, 12 * kKiB, true}, Case{4 * kKiB, 12 * kKiB, false},
+                        Case{2 * kKiB, AllocatorConfig::kUnlimited, false}, Case{2 * kKiB, 14 * kKiB, false}}) {
+    SCOPED_TRACE(::testing::Message() << "page " << c.page << ", budget " << c.budget);
     FakeBackend backend;
-    backend.set_page_bytes(page);
+    backend.set_page_bytes(c.page);
     auto allocator = ResizableSegmentPerBlock(backend);
     void* eight = *allocator->Allocate(8 * kKiB);
     DTR_ASSERT_OK(allocator->Free(eight));
+    DTR_ASSERT_OK(allocator->SetBudget(c.budget));
     void* six = *allocator->Allocate(6 * kKiB);
     EXPECT_EQ(six, eight);
     AllocatorStats stats = allocator->GetStats();
-    const bool split = page == 2 * kKiB;  // with 4 KiB pages the tail would start at 8 KiB
-    EXPECT_EQ(stats.num_segment_splits, split ? 1 : 0);
-    EXPECT_EQ(stats.num_segment_resizes, split ? 0 : 1);
-    EXPECT_EQ(stats.reserved_bytes.current, int64_t(split ? 8 * kKiB : 6 * kKiB));
+    EXPECT_EQ(stats.num_segment_splits, c.split ? 1 : 0);
+    EXPECT_EQ(stats.num_segment_resizes, c.split ? 0 : 1);
+    EXPECT_EQ(stats.reserved_bytes.current, int64_t(c.split ? 8 * kKiB : 6 * kKiB));
     void* two = *allocator->Allocate(2 * kKiB);
-    EXPECT_EQ(two == static_cast<void*>(static_cast<char*>(eight) + 6 * kKiB), split);
-    EXPECT_EQ(allocator->GetStats().num_segment_allocs, split ? 1 : 2);
+    EXPECT_EQ(two == static_cast<void*>(static_cast<char*>(eight) + 6 * kKiB), c.split);
+    EXPECT_EQ(allocator->GetStats().num_segment_allocs, c.split ? 1 : 2);
     DTR_ASSERT_OK(allocator->Free(six));
     DTR_ASSERT_OK(allocator->Free(two));
     DTR_EXPECT_OK(allocator->CheckInvariants());
