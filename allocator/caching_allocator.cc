@@ -456,10 +456,9 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
 // them the tail does not need goes back. Reserved bytes end where releasing and growing would have
 // put them. A backend that cannot move pages frees them and resizes, as before. Real CPU runs
 // (torch 2.14.1, one thread, 3 rounds side by side with the library before this Note and Note
-// [Splitting a cached segment], medians; bench/results/activation_runs.md): pages faulted a step
-// at half the activations, ResNet 1,642 -> 576 (291 under a budget that never binds), DenseNet
-// 7,147 -> 1,872 (2,215), UNet 4,458 -> 558 (653); the step over the plain one, ResNet 1.37x ->
-// 1.29x, UNet 1.53x -> 1.35x, DenseNet at 0.3 of its activations 1.79x -> 1.67x.
+// [Splitting a cached segment], medians; runtime/README.md, "Pages kept under a binding budget"):
+// pages faulted a step at half the activations ResNet 1,680 -> 570 (323 under a budget that never
+// binds), DenseNet 7,173 -> 1,947, UNet 4,444 -> 769 (961); UNet's step 1.53x -> 1.37x the plain one.
 
 // Note [Splitting a cached segment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
