@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,17 +49,34 @@ bool HostBackend::Mapped(size_t padded) const {
 // made of several kernel mappings: anonymous mappings of different origins do not merge. munmap
 // spans mappings, but mremap moves or resizes within one only (EFAULT otherwise). So the backend
 // keeps the seams, the addresses inside a live mapped segment where one mapping ends and the next
-// begins, and resizes or moves such a segment mapping by mapping. A seam the kernel merged away
-// costs one mremap more; a missing seam would fail an mremap, which leaves the memory valid
-// (the resize fails, or the donor's pages are returned instead of moved).
+// begins, and resizes or moves such a segment mapping by mapping. A seam the kernel merged away, or
+// one left behind, costs one mremap more. A move that fails (too many mappings: vm.max_map_count)
+// may already have unmapped its destination (Linux unmaps it before checking the source), so the
+// destination is mapped afresh (the pages moved are lost, never the memory's validity); should that
+// fail too, the process stops with a message rather than hand out memory that is not there.
 bool HostBackend::HasSeamInsideLocked(uintptr_t begin, uintptr_t end) const {
   auto it = seams_.upper_bound(begin);
   return it != seams_.end() && *it < end;
 }
 
+namespace {
+
+// munmap of part of a mapping needs a new one, and fails at vm.max_map_count: the pages then stay
+// mapped while no longer counted, which is said once.
+void Unmap(uintptr_t begin, size_t bytes) {
+  if (munmap(reinterpret_cast<void*>(begin), bytes) == 0) return;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    std::fprintf(stderr, "dtr: HostBackend: munmap(%#zx, %zu) failed: %s; those pages stay mapped "
+                 "(raise vm.max_map_count?)\n", size_t(begin), bytes, std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 void HostBackend::UnmapLocked(uintptr_t begin, uintptr_t end) {
   if (begin >= end) return;
-  munmap(reinterpret_cast<void*>(begin), end - begin);
+  Unmap(begin, end - begin);
   seams_.erase(seams_.lower_bound(begin), seams_.lower_bound(end));
 }
 
@@ -70,8 +90,17 @@ void HostBackend::MovePagesLocked(uintptr_t from, size_t bytes, uintptr_t to) {
     const uintptr_t at = to + (begin - from);
     void* moved = mremap(reinterpret_cast<void*>(begin), end - begin, end - begin, MREMAP_MAYMOVE | MREMAP_FIXED,
                          reinterpret_cast<void*>(at));
-    // Failing (too many mappings), the pages go back to the system and `at` keeps what it had.
-    if (moved == MAP_FAILED) munmap(reinterpret_cast<void*>(begin), end - begin);
+    if (moved == MAP_FAILED) {  // Note [Seams]: the pages go back, `at` is mapped afresh
+      const int error = errno;
+      Unmap(begin, end - begin);
+      if (mmap(reinterpret_cast<void*>(at), end - begin, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+        std::fprintf(stderr, "dtr: HostBackend: moving %zu bytes of pages to %#zx failed (%s) and so did mapping "
+                     "them afresh (%s); cannot continue\n", size_t(end - begin), size_t(at), std::strerror(error),
+                     std::strerror(errno));
+        std::abort();
+      }
+    }
     seams_.insert(at);
     seams_.insert(at + (end - begin));
   }
@@ -131,7 +160,8 @@ absl::StatusOr<void*> HostBackend::Resize(void* ptr, size_t old_bytes, size_t ne
     p = mmap(nullptr, new_padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
       MovePagesLocked(begin, PageAligned(old_padded), reinterpret_cast<uintptr_t>(p));
-      seams_.erase(reinterpret_cast<uintptr_t>(p));  // a segment's start is no seam
+      seams_.erase(reinterpret_cast<uintptr_t>(p));  // a segment's start and end are no seams
+      seams_.erase(reinterpret_cast<uintptr_t>(p) + PageAligned(new_padded));
     }
   }
   if (p == MAP_FAILED)
