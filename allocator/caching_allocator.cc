@@ -481,6 +481,7 @@ void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t reques
 void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t segment_size, size_t rounded,
                                                      size_t requested, Pool pool, Stream stream,
                                                      absl::Span<Segment* const> donors) {
+  void* const old_base = reinterpret_cast<void*>(segment->base);
   if (!donors.empty()) {  // Note [Growing into cached pages]
     std::vector<DeviceMemoryBackend::Piece> pieces;
     pieces.reserve(donors.size());
@@ -489,12 +490,9 @@ void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t se
       ForgetSegmentLocked(donor);
     }
     stats_.num_segment_donors += static_cast<int64_t>(donors.size());
-    absl::StatusOr<void*> memory =
-        backend_->ResizeWithPagesOf(reinterpret_cast<void*>(segment->base), segment->size, segment_size, pieces);
-    if (!memory.ok()) return nullptr;  // the segment is still there; the donors are gone
-    ForgetSegmentLocked(segment);
-    ++stats_.num_segment_resizes;
-    return HandOutLocked(AddSegmentLocked(*memory, segment_size, pool, stream), rounded, requested);
+    // On failure the segment is still there, as it was; the donors are gone.
+    return ResizedIntoBlockLocked(backend_->ResizeWithPagesOf(old_base, segment->size, segment_size, pieces),
+                                  segment, segment_size, rounded, requested, pool, stream);
   }
   // Note [Splitting a cached segment]: only where the budget would not map the request afresh.
   const bool budget_binds = budget_bytes_ != AllocatorConfig::kUnlimited &&
@@ -516,7 +514,13 @@ void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t se
                            requested);
     }
   }
-  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), segment->size, segment_size);
+  return ResizedIntoBlockLocked(backend_->Resize(old_base, segment->size, segment_size), segment, segment_size,
+                                rounded, requested, pool, stream);
+}
+
+void* CachingAllocator::ResizedIntoBlockLocked(const absl::StatusOr<void*>& memory, Segment* segment,
+                                               size_t segment_size, size_t rounded, size_t requested, Pool pool,
+                                               Stream stream) {
   if (!memory.ok()) return nullptr;  // the segment is still there, as it was
   ForgetSegmentLocked(segment);
   ++stats_.num_segment_resizes;

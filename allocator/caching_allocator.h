@@ -188,6 +188,11 @@ class CachingAllocator {
   // needs]) enough for at least `at_least` bytes; returns the bytes released.
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the backend resized `segment` into `memory` (of `segment_size` bytes): the segment
+  // replaced on the books and the requested block handed out; null if the resize failed.
+  void* ResizedIntoBlockLocked(const absl::StatusOr<void*>& memory, Segment* segment, size_t segment_size,
+                               size_t rounded, size_t requested, Pool pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The segments ReleaseCachedSegmentsLocked(at_least, keep) releases.
   std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -172,9 +172,8 @@ absl::StatusOr<void*> HostBackend::Resize(void* ptr, size_t old_bytes, size_t ne
 }
 
 absl::StatusOr<size_t> HostBackend::Split(void* ptr, size_t bytes, size_t head_bytes) {
-  (void)ptr;  // a mapping's pages can be unmapped or remapped by range: nothing to do but count
-  const size_t page = PageSize();
-  const size_t offset = (head_bytes + page - 1) / page * page;
+  // A mapping's pages are unmapped or remapped by range: nothing to do but count.
+  const size_t offset = PageAligned(head_bytes);
   if (head_bytes == 0 || offset >= bytes || !Mapped(Padded(bytes)) || !Mapped(Padded(head_bytes)) ||
       !Mapped(Padded(bytes - offset))) {
     return absl::UnimplementedError("HostBackend splits only into segments mapped on their own");
