@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -225,6 +227,8 @@ class CachingAllocator {
   std::vector<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]
+  // The segments counted in releasable_bytes_, by size, then base (Note [Releasable segments by size]).
+  absl::btree_map<std::pair<size_t, uintptr_t>, Segment*> releasable_by_size_ ABSL_GUARDED_BY(mu_);
   uint64_t hand_out_clock_ ABSL_GUARDED_BY(mu_) = 0;  // blocks handed out so far
   ResizeGate resize_gate_ ABSL_GUARDED_BY(mu_);       // Note [Undone resizes]
   // MarkHighWater's peak and a copy of stats_.allocated_bytes.current: written under mu_, read

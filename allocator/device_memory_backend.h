@@ -49,7 +49,9 @@ class DeviceMemoryBackend {
     for (const Piece& donor : donors) Free(donor.ptr, donor.bytes);
     return Resize(ptr, old_bytes, new_bytes);
   }
-  // Whether Resize from old_bytes to new_bytes is implemented (it may still fail).
+  // Whether Resize from old_bytes to new_bytes is implemented (it may still fail). Monotone in
+  // old_bytes: true for some old_bytes stays true for every larger one, so the allocator looks
+  // only at the segments it may take (Note [Releasable segments by size], caching_allocator.cc).
   virtual bool CanResize(size_t old_bytes, size_t new_bytes) const {
     (void)old_bytes, (void)new_bytes;
     return false;

@@ -630,6 +630,34 @@ TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
   }
 }
 
+// Note [Releasable segments by size]: rung 4 finds the segments it releases in an index by size
+// and takes the ones a walk by address took: when one segment covers the shortfall alone, the
+// smallest such, of equal sizes the highest address; else the largest first, of equal sizes the
+// lowest address first. (Which segment it resizes is checked against the walk by the fuzz test's
+// totals, which this index left unchanged.)
+TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
+  for (bool covered_by_one : {true, false}) {
+    FakeBackend backend;
+    AllocatorConfig config = BudgetConfig(32 * kKiB);
+    OneSegmentPerBlock(config);
+    config.shrink_segment_to_fit_budget = false;
+    auto allocator = MakeAllocator(config, &backend);
+    void* in_use = *allocator->Allocate(8 * kKiB);
+    void* cached[4];  // 4, 6, 6 and 4 KiB in address order: 20 KiB cached, 28 reserved
+    const size_t sizes[4] = {4 * kKiB, 6 * kKiB, 6 * kKiB, 4 * kKiB};
+    for (int i = 0; i < 4; ++i) cached[i] = *allocator->Allocate(sizes[i]);
+    for (int i = 0; i < 3; ++i) ASSERT_LT(cached[i], cached[i + 1]);
+    for (void* p : cached) DTR_ASSERT_OK(allocator->Free(p));
+    // 5 KiB is 1 KiB short, which either 4 KiB segment covers: the higher goes. 17 KiB is 13 short:
+    // both 6 KiB, then the lower 4 KiB.
+    ASSERT_TRUE(allocator->Allocate(covered_by_one ? 5 * kKiB : 17 * kKiB).ok());
+    EXPECT_EQ(allocator->GetStats().num_segment_frees, covered_by_one ? 1 : 3);
+    EXPECT_EQ(*allocator->Allocate(4 * kKiB), covered_by_one ? cached[0] : cached[3]);
+    (void)in_use;
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+}
+
 // Note [Recycling a cached segment]: with a backend that can resize, rung 4 turns a cached
 // segment into the one a request needs instead of releasing and allocating: the smallest at
 // least as large, shrunk, else the largest whose release makes room, grown.

@@ -51,6 +51,26 @@ TEST(HostBackendTest, ResizesMappedSegments) {
   EXPECT_EQ(backend.live_bytes(), 0u);
 }
 
+// DeviceMemoryBackend::CanResize is monotone in the old size (Note [Releasable segments by size],
+// caching_allocator.cc, relies on it): resizable from some size, resizable from every larger one.
+TEST(HostBackendTest, CanResizeIsMonotoneInTheOldSize) {
+  bool seen[2] = {false, false};
+  for (size_t alignment : {size_t(64), size_t(512), size_t(1) << 16}) {
+    HostBackend backend(alignment);
+    const size_t sizes[] = {1, 4096, (128 << 10) - 64, 128 << 10, (128 << 10) + 1, 1 << 20, 3 << 20};
+    for (size_t new_bytes : sizes) {
+      bool resizable = false;
+      for (size_t old_bytes : sizes) {
+        const bool can = backend.CanResize(old_bytes, new_bytes);
+        EXPECT_TRUE(can || !resizable) << "alignment " << alignment << ": " << old_bytes << " -> " << new_bytes;
+        resizable = resizable || can;
+      }
+      seen[resizable] = true;
+    }
+  }
+  EXPECT_TRUE(seen[false] && seen[true]) << "both kinds of target size";
+}
+
 // Note [Splitting a cached segment]: a mapped segment is cut at the page after the head, each
 // piece keeps its contents and is freed on its own; memory from malloc, or a piece that would be
 // too small to be mapped on its own, is not cut.
