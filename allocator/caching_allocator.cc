@@ -80,8 +80,10 @@ namespace dtr::alloc {
 // looks at the few it takes. It makes the same choices as the walks did,
 // ties included (a walk by address kept the lowest address of equal sizes; the sort's reverse
 // order, the highest), which CanResize's monotonicity in the old size (device_memory_backend.h)
-// allows. Kept with releasable_bytes_ (NoteReleasableLocked, ForgetSegmentLocked); CheckInvariants
-// checks both.
+// allows. The index is built when rung 4 first needs it and kept with releasable_bytes_ from then
+// on (NoteReleasableLocked, ForgetSegmentLocked), so a run whose budget never binds does not pay
+// for it at every hand-out and free (kept from the start, it took about 0.15 ms of a CPU LSTM's
+// 20 ms step under such a budget, perf); CheckInvariants checks it.
 //
 // Note [Stats match snapshot]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -434,7 +436,9 @@ CachingAllocator::Block* CachingAllocator::AddSegmentLocked(void* memory, size_t
 // at its peak 33-34 ms instead of 34-36.
 void* CachingAllocator::RecycleCachedSegmentLocked(size_t rounded, size_t requested, size_t segment_size,
                                                    Pool pool, Stream stream) {
-  if (segment_size > budget_bytes_ || releasable_by_size_.empty()) return nullptr;
+  if (segment_size > budget_bytes_) return nullptr;
+  IndexReleasableLocked();
+  if (releasable_by_size_.empty()) return nullptr;
   // Note [Releasable segments by size]: the smallest releasable segment at least segment_size
   // that the backend can resize, else the largest below it (of equal sizes, the lowest address).
   // CanResize is monotone in the old size: if the largest cannot be resized, none can.
@@ -724,11 +728,18 @@ void CachingAllocator::NoteReleasableLocked(Segment* segment) {
   segment->releasable = releasable;
   if (releasable) {
     releasable_bytes_ += segment->size;
-    releasable_by_size_.emplace(std::make_pair(segment->size, segment->base), segment);
+    if (releasable_indexed_) releasable_by_size_.emplace(std::make_pair(segment->size, segment->base), segment);
   } else {
     releasable_bytes_ -= segment->size;
-    releasable_by_size_.erase({segment->size, segment->base});
+    if (releasable_indexed_) releasable_by_size_.erase({segment->size, segment->base});
   }
+}
+
+void CachingAllocator::IndexReleasableLocked() {
+  if (releasable_indexed_) return;
+  for (auto& [base, segment] : segments_)
+    if (segment->releasable) releasable_by_size_.emplace(std::make_pair(segment->size, base), segment.get());
+  releasable_indexed_ = true;
 }
 
 void CachingAllocator::ProcessEventsLocked() {
@@ -755,7 +766,7 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
   Block* block = segment->head;
   if (segment->releasable) {
     releasable_bytes_ -= segment->size;
-    releasable_by_size_.erase({segment->size, segment->base});
+    if (releasable_indexed_) releasable_by_size_.erase({segment->size, segment->base});
   }
   free_blocks_[static_cast<int>(block->pool)].erase(block);
   delete block;
@@ -783,7 +794,7 @@ size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least, const Segm
 }
 
 std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleaseLocked(size_t at_least,
-                                                                                        const Segment* keep) const {
+                                                                                        const Segment* keep) {
   std::vector<Segment*> releasable;
   if (at_least == SIZE_MAX) {
     for (auto& [base, segment] : segments_) {
@@ -793,6 +804,7 @@ std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleas
   }
   // Note [Releasable segments by size]. The smallest that covers the shortfall alone (of equal
   // sizes, the highest address)...
+  IndexReleasableLocked();
   auto one = releasable_by_size_.lower_bound({at_least, 0});
   while (one != releasable_by_size_.end() && one->second == keep) ++one;
   if (one != releasable_by_size_.end()) {
@@ -1000,7 +1012,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
         ++releasable_count;
         // Note [Releasable segments by size].
         auto indexed = releasable_by_size_.find({segment->size, segment->base});
-        if (indexed == releasable_by_size_.end() || indexed->second != segment.get())
+        if (releasable_indexed_ && (indexed == releasable_by_size_.end() || indexed->second != segment.get()))
           return fail("releasable segment ", base, " of ", segment->size, " bytes is not in releasable_by_size_");
       }
     }
@@ -1066,7 +1078,7 @@ absl::Status CachingAllocator::CheckInvariants() const {
   }
   if (releasable != releasable_bytes_)
     return fail("releasable_bytes_ = ", releasable_bytes_, " but free segments sum to ", releasable);
-  if (releasable_count != releasable_by_size_.size())
+  if (releasable_by_size_.size() != (releasable_indexed_ ? releasable_count : 0))
     return fail("releasable_by_size_ holds ", releasable_by_size_.size(), " segments but ", releasable_count,
                 " are releasable");
   if (allocated_blocks_.size() != allocated_seen) {

@@ -196,8 +196,10 @@ class CachingAllocator {
                                size_t rounded, size_t requested, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The segments ReleaseCachedSegmentsLocked(at_least, keep) releases.
-  std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep) const
+  std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Releasable segments by size]: builds releasable_by_size_ at its first use.
+  void IndexReleasableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse]: whether rung 1 must not hand out a free block of
   // `block_size` (a whole segment when `whole_segment`) for a request of `rounded` bytes.
   bool ExactReuseRefusesLocked(size_t block_size, bool whole_segment, size_t rounded) const
@@ -229,6 +231,7 @@ class CachingAllocator {
   size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]
   // The segments counted in releasable_bytes_, by size, then base (Note [Releasable segments by size]).
   absl::btree_map<std::pair<size_t, uintptr_t>, Segment*> releasable_by_size_ ABSL_GUARDED_BY(mu_);
+  bool releasable_indexed_ ABSL_GUARDED_BY(mu_) = false;  // releasable_by_size_ built and kept
   uint64_t hand_out_clock_ ABSL_GUARDED_BY(mu_) = 0;  // blocks handed out so far
   ResizeGate resize_gate_ ABSL_GUARDED_BY(mu_);       // Note [Undone resizes]
   // MarkHighWater's peak and a copy of stats_.allocated_bytes.current: written under mu_, read
