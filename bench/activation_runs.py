@@ -82,7 +82,13 @@ def cell(runs, plain_runs, budget):
     kept = budget is None or all(r["peak_reserved_bytes"] <= budget for r, _ in ok)
     remats = statistics.median(r["per_step"].get("rematerializations", 0) for r, _ in ok)
     return dict(status="ok", statuses=statuses, ratio=statistics.median_low(ratios), low=ratios[0], high=ratios[-1],
-                identical=identical, kept=kept, remats=remats)
+                identical=identical, kept=kept, remats=remats, faults=median_faults(r for r, _ in ok))
+
+
+def median_faults(runs):
+    """Pages faulted a measured step, the median over the runs (None where not counted)."""
+    faults = [r["minor_faults_per_step"] for r in runs if r.get("minor_faults_per_step") is not None]
+    return statistics.median(faults) if faults else None
 
 
 def measure(runner, model, args):
@@ -93,6 +99,7 @@ def measure(runner, model, args):
     cells = {label: cell([runs.get(label) for _, runs in rounds], plains, b) for label, b in budgets}
     return dict(model=model, static=static, peak=peak, budgets=dict(budgets), cells=cells,
                 plain_ms=statistics.median(p["median_step_cpu_seconds"] for p in plains) * 1e3,
+                plain_faults=median_faults(plains),
                 plain_identical=all(p["losses"] == plains[0]["losses"] for p in plains))
 
 
@@ -106,6 +113,8 @@ def render_cell(c, model, r=None):
         text = f"**{text}**"
     if r is not None:
         text += f", {c['remats']:.0f} remat/step"
+    if c["faults"] is not None:
+        text += f", {c['faults']:,.0f} pages/step"
     if not c["identical"]:
         text += ", NOT bit-identical"
     if not c["kept"]:
@@ -122,7 +131,9 @@ def render(rows, args):
            "(peak - static): static is what the model holds between steps (parameters, gradients, optimizer "
            "state, batches), peak the allocated peak under a budget that never binds. Cells: dtr's median step "
            "time over the same round's plain one (process CPU time), the median over the rounds with the range, "
-           "and the rematerializations a step. Bold: above issue 16's target (r = 0.5: 1.3x, the TreeLSTM 1.5x; "
+           "the rematerializations a step and the pages the process faulted in a step (getrusage's minor faults, "
+           "the median over the rounds: fresh pages the kernels touch, runtime/README.md \"Pages kept under a "
+           "binding budget\"). Bold: above issue 16's target (r = 0.5: 1.3x, the TreeLSTM 1.5x; "
            "r = 0.3: 2x). Every run that trained was bit-identical to the plain run and kept its budget "
            "(peak reserved bytes) unless its cell says otherwise; `out of memory` is dtr's OutOfMemoryError in "
            f"at least half the rounds; `too slow` a step over {args.cap:g} plain steps. bench/results/activations.md "
@@ -130,7 +141,10 @@ def render(rows, args):
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = row["cells"]
-        line = [row["model"], f"{row['plain_ms']:.2f} ms", mib(row["static"]), mib(row["peak"]),
+        plain = f"{row['plain_ms']:.2f} ms"
+        if row.get("plain_faults") is not None:
+            plain += f", {row['plain_faults']:,.0f} pages/step"
+        line = [row["model"], plain, mib(row["static"]), mib(row["peak"]),
                 render_cell(cells["never binds"], row["model"])]
         line += [render_cell(cells[f"r={r:g}"], row["model"], r) for r in args.ratios]
         out.append("| " + " | ".join(line) + " |")

@@ -38,6 +38,9 @@ COUNTERS = ("evictions", "eager_evictions", "rematerializations", "replays", "re
             "eviction_searches", "candidates_scored", "neighborhood_visits")
 # Counters kept in the runtime's part of the statistics (victim searches and their work).
 RUNTIME_COUNTERS = ("eviction_searches", "candidates_scored", "neighborhood_visits")
+# The allocator's (what a binding budget makes it do with segments), reported as allocator_<name>.
+ALLOCATOR_COUNTERS = ("segment_allocs", "segment_frees", "segment_resizes", "segment_splits", "segment_donors",
+                      "cache_flushes")
 
 
 _emit_lock = threading.Lock()
@@ -101,7 +104,18 @@ def sync(device):
 def dtr_stats():
     s = json.loads(torch.ops.dtr.stats())
     s.update({k: s["runtime"][k] for k in RUNTIME_COUNTERS if k in s.get("runtime", {})})
+    s.update({"allocator_" + k: s["allocator"][k] for k in ALLOCATOR_COUNTERS if k in s.get("allocator", {})})
     return s
+
+
+def minor_faults():
+    """Pages this process has faulted in so far (fresh pages its kernels touch: runtime/README.md, "Pages
+    kept under a binding budget"); None where getrusage is missing."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def is_oom(e):
@@ -155,8 +169,10 @@ def run_block(bm, block, batches, args, watchdog):
     torch.manual_seed(1234)  # dropout masks
     losses, times, cpu_times, before = [], [], [], None
     for i in range(args.warmup + args.steps):
-        if i == args.warmup and DTR:
-            before = dtr_stats()
+        if i == args.warmup:
+            faults0 = minor_faults()
+            if DTR:
+                before = dtr_stats()
         sync(args.device)
         cap = args.max_step_seconds * (FIRST_STEP_CAP_FACTOR if i == 0 and args.device == "cuda" else 1)
         watchdog.start(block, i, cap)
@@ -171,15 +187,18 @@ def run_block(bm, block, batches, args, watchdog):
             cpu_times.append(dc)
         if cap and min(dt, dc) > cap:
             raise TooSlow(over_cap(i, "took", dt, dc, cap))
+    faults1 = minor_faults()
     out = dict(block, status="ok", losses=losses, step_seconds=times, median_step_seconds=statistics.median(times),
                step_cpu_seconds=cpu_times, median_step_cpu_seconds=statistics.median(cpu_times),
-               load_average=os.getloadavg()[0], param_digest=param_digest(model))
+               load_average=os.getloadavg()[0], param_digest=param_digest(model),
+               minor_faults_per_step=None if faults1 is None else (faults1 - faults0) / args.steps)
     if DTR:
         after = dtr_stats()
         out["peak_reserved_bytes"] = after["peak_reserved_bytes"]
         out["peak_allocated_bytes"] = after["peak_allocated_bytes"]
         out["budget_bytes"] = after["budget_bytes"]
-        out["per_step"] = {k: (after[k] - before[k]) / args.steps for k in COUNTERS if k in after}
+        out["per_step"] = {k: (after[k] - before[k]) / args.steps for k in COUNTERS + tuple(
+            "allocator_" + c for c in ALLOCATOR_COUNTERS) if k in after}
     elif args.device == "cuda":
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()

@@ -206,6 +206,9 @@ def test_activation_runs_table(tmp_path):
     assert half[:1].isdigit() or half.startswith("**"), cells
     remats = float(half.split(", ")[1].split(" remat")[0])
     assert remats > 0, cells
+    # Pages faulted a step (getrusage), for the plain process and each budget.
+    for c in (cells[1], never_binds, half):
+        assert c.endswith(" pages/step") and c.split(", ")[-1].split(" ")[0].replace(",", "").isdigit(), cells
     assert "NOT bit-identical" not in row[0] and "BUDGET EXCEEDED" not in row[0], cells
 
 
@@ -222,6 +225,8 @@ def test_activation_runs_cells_say_what_went_wrong():
     c = ar.cell([ok, ok, oom], [plain, plain, plain], 1000)
     assert (c["status"], c["ratio"], c["identical"], c["kept"], c["remats"]) == ("ok", 1.2, True, True, 7), c
     assert ar.render_cell(c, "chain", 0.5) == "1.20x, 7 remat/step"
+    faulting = [dict(ok, minor_faults_per_step=f) for f in (1200.0, 1234.4, 5000.0)]
+    assert ar.render_cell(ar.cell(faulting, [plain] * 3, 1000), "chain", 0.5) == "1.20x, 7 remat/step, 1,234 pages/step"
     differs = dict(ok, losses=[1.0, 0.25])
     assert "NOT bit-identical" in ar.render_cell(ar.cell([differs], [plain], 1000), "chain", 0.5)
     assert "BUDGET EXCEEDED" in ar.render_cell(ar.cell([ok], [plain], 800), "chain", 0.5)
