@@ -51,14 +51,15 @@ void FakeBackend::Free(void* ptr, size_t bytes) {
 }
 
 bool FakeBackend::CanResize(size_t old_bytes, size_t new_bytes) const {
-  (void)old_bytes;
   std::lock_guard<std::mutex> lock(mu_);
-  return resizable_ && new_bytes > 0;
+  return resizable_ && old_bytes >= resizable_from_ && new_bytes >= resizable_from_;
 }
 
 absl::StatusOr<void*> FakeBackend::Resize(void* ptr, size_t old_bytes, size_t new_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!resizable_) return absl::UnimplementedError("FakeBackend: resizing is off");
+  if (resizable_from_ > 1 && (old_bytes < resizable_from_ || new_bytes < resizable_from_))
+    return absl::UnimplementedError("FakeBackend: resizing only from and to set_resizable_from's size");
   auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == live_.end() || it->second != old_bytes) {
     ++counters_.bad_frees;
@@ -146,6 +147,11 @@ void FakeBackend::set_capacity(size_t bytes) {
 void FakeBackend::set_resizable(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   resizable_ = on;
+}
+
+void FakeBackend::set_resizable_from(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resizable_from_ = bytes > 0 ? bytes : 1;
 }
 
 void FakeBackend::FailNthAllocation(int64_t n) {

@@ -46,8 +46,9 @@ class FakeBackend : public DeviceMemoryBackend {
   std::string Name() const override { return "fake"; }
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   void Free(void* ptr, size_t bytes) override;
-  // Unimplemented unless set_resizable(true). Shrinking keeps the address; growing moves the
-  // segment to a new one (the capacity counts the new size only).
+  // Unimplemented unless set_resizable(true), and below set_resizable_from's size (old or new).
+  // Shrinking keeps the address; growing moves the segment to a new one (the capacity counts the
+  // new size only).
   absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes) override;
   bool CanResize(size_t old_bytes, size_t new_bytes) const override;
   // Unimplemented unless set_page_bytes(P) with P > 0: cuts at head_bytes rounded up to P, where
@@ -64,6 +65,8 @@ class FakeBackend : public DeviceMemoryBackend {
   // --- Test controls ---
   void set_capacity(size_t bytes);
   void set_resizable(bool on);
+  // Resizes only from and to at least `bytes` (as HostBackend resizes only the segments it maps).
+  void set_resizable_from(size_t bytes);
   void set_page_bytes(size_t bytes);
   // The `n`th Allocate call from now (1 = the next one) fails with ResourceExhausted.
   void FailNthAllocation(int64_t n);
@@ -89,6 +92,7 @@ class FakeBackend : public DeviceMemoryBackend {
 
   mutable std::mutex mu_;
   bool resizable_ ABSL_GUARDED_BY(mu_) = false;
+  size_t resizable_from_ ABSL_GUARDED_BY(mu_) = 1;
   size_t page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t capacity_ ABSL_GUARDED_BY(mu_);
   const size_t alignment_;

@@ -633,8 +633,7 @@ TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
 // Note [Releasable segments by size]: rung 4 finds the segments it releases in an index by size
 // and takes the ones a walk by address took: when one segment covers the shortfall alone, the
 // smallest such, of equal sizes the highest address; else the largest first, of equal sizes the
-// lowest address first. (Which segment it resizes is checked against the walk by the fuzz test's
-// totals, which this index left unchanged.)
+// lowest address first. (Which segment it grows: the test after this one.)
 TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
   for (bool covered_by_one : {true, false}) {
     FakeBackend backend;
@@ -653,6 +652,76 @@ TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
     ASSERT_TRUE(allocator->Allocate(covered_by_one ? 5 * kKiB : 17 * kKiB).ok());
     EXPECT_EQ(allocator->GetStats().num_segment_frees, covered_by_one ? 1 : 3);
     EXPECT_EQ(*allocator->Allocate(4 * kKiB), covered_by_one ? cached[0] : cached[3]);
+    (void)in_use;
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+}
+
+// Note [Releasable segments by size]: of equal sizes, rung 4 grows the cached segment at the
+// lowest address, as a walk by address did; and it looks for the largest it can resize by size
+// (CanResize is monotone in the old size), passing over smaller ones it cannot.
+TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResize) {
+  {
+    // 8 KiB in use, 6, 6 and 4 KiB cached: 24 reserved under 26. 9 KiB: none cached holds it,
+    // and growing a 6 KiB one leaves 27 reserved, so the 4 KiB segment gives its pages to the
+    // growth of the lower 6 KiB one; the higher stays cached at its size.
+    FakeBackend backend;
+    backend.set_resizable(true);
+    AllocatorConfig config = BudgetConfig(26 * kKiB);
+    OneSegmentPerBlock(config);
+    auto allocator = MakeAllocator(config, &backend);
+    void* in_use = *allocator->Allocate(8 * kKiB);
+    void* lower = *allocator->Allocate(6 * kKiB);
+    void* higher = *allocator->Allocate(6 * kKiB);
+    void* four = *allocator->Allocate(4 * kKiB);
+    ASSERT_LT(lower, higher);
+    for (void* p : {lower, higher, four}) DTR_ASSERT_OK(allocator->Free(p));
+    ASSERT_TRUE(allocator->Allocate(9 * kKiB).ok());
+    AllocatorStats stats = allocator->GetStats();
+    EXPECT_EQ(stats.num_segment_resizes, 1);
+    EXPECT_EQ(stats.num_segment_donors, 1);
+    EXPECT_EQ(*allocator->Allocate(6 * kKiB), higher);
+    (void)in_use;
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+  {
+    // The backend resizes only from 8 KiB: 8 KiB in use, 10 and 4 KiB cached, 22 reserved under
+    // 23. 12 KiB: the 10 KiB segment grows, taking the 4 KiB one's pages.
+    FakeBackend backend;
+    backend.set_resizable(true);
+    backend.set_resizable_from(8 * kKiB);
+    AllocatorConfig config = BudgetConfig(23 * kKiB);
+    OneSegmentPerBlock(config);
+    auto allocator = MakeAllocator(config, &backend);
+    void* in_use = *allocator->Allocate(8 * kKiB);
+    void* ten = *allocator->Allocate(10 * kKiB);
+    void* four = *allocator->Allocate(4 * kKiB);
+    for (void* p : {ten, four}) DTR_ASSERT_OK(allocator->Free(p));
+    ASSERT_TRUE(allocator->Allocate(12 * kKiB).ok());
+    AllocatorStats stats = allocator->GetStats();
+    EXPECT_EQ(stats.num_segment_resizes, 1);
+    EXPECT_EQ(stats.num_segment_donors, 1);
+    EXPECT_EQ(stats.num_segment_frees, 0);
+    (void)in_use;
+    DTR_EXPECT_OK(allocator->CheckInvariants());
+  }
+  {
+    // Nothing cached can be resized (all below 8 KiB): rung 4 releases what the request needs.
+    FakeBackend backend;
+    backend.set_resizable(true);
+    backend.set_resizable_from(8 * kKiB);
+    AllocatorConfig config = BudgetConfig(20 * kKiB);
+    OneSegmentPerBlock(config);
+    auto allocator = MakeAllocator(config, &backend);
+    void* in_use = *allocator->Allocate(8 * kKiB);
+    void* six = *allocator->Allocate(6 * kKiB);
+    void* four = *allocator->Allocate(4 * kKiB);
+    for (void* p : {six, four}) DTR_ASSERT_OK(allocator->Free(p));
+    ASSERT_TRUE(allocator->Allocate(9 * kKiB).ok());
+    AllocatorStats stats = allocator->GetStats();
+    EXPECT_EQ(stats.num_segment_resizes, 0);
+    EXPECT_EQ(stats.num_segment_frees, 2);
+    EXPECT_EQ(backend.counters().resize_calls, 0);
     (void)in_use;
     DTR_EXPECT_OK(allocator->CheckInvariants());
   }
