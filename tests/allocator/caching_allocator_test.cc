@@ -657,6 +657,26 @@ TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
   }
 }
 
+// A resizable FakeBackend (from `resizable_from` bytes) under `budget`, one segment per block:
+// `in_use` bytes allocated, then segments of `sizes` allocated in that order (rising addresses)
+// and freed, so they are cached.
+struct CachedSegments {
+  FakeBackend backend;
+  std::unique_ptr<CachingAllocator> allocator;
+  std::vector<void*> cached;
+  CachedSegments(size_t budget, size_t in_use, std::initializer_list<size_t> sizes, size_t resizable_from = 1) {
+    backend.set_resizable(true);
+    backend.set_resizable_from(resizable_from);
+    AllocatorConfig config = BudgetConfig(budget);
+    OneSegmentPerBlock(config);
+    allocator = MakeAllocator(config, &backend);
+    (void)*allocator->Allocate(in_use);
+    for (size_t bytes : sizes) cached.push_back(*allocator->Allocate(bytes));
+    for (size_t i = 1; i < cached.size(); ++i) EXPECT_LT(cached[i - 1], cached[i]);
+    for (void* p : cached) EXPECT_TRUE(allocator->Free(p).ok());
+  }
+};
+
 // Note [Releasable segments by size]: of equal sizes, rung 4 grows the cached segment at the
 // lowest address, as a walk by address did; and it looks for the largest it can resize by size
 // (CanResize is monotone in the old size), passing over smaller ones it cannot.
@@ -665,65 +685,34 @@ TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResi
     // 8 KiB in use, 6, 6 and 4 KiB cached: 24 reserved under 26. 9 KiB: none cached holds it,
     // and growing a 6 KiB one leaves 27 reserved, so the 4 KiB segment gives its pages to the
     // growth of the lower 6 KiB one; the higher stays cached at its size.
-    FakeBackend backend;
-    backend.set_resizable(true);
-    AllocatorConfig config = BudgetConfig(26 * kKiB);
-    OneSegmentPerBlock(config);
-    auto allocator = MakeAllocator(config, &backend);
-    void* in_use = *allocator->Allocate(8 * kKiB);
-    void* lower = *allocator->Allocate(6 * kKiB);
-    void* higher = *allocator->Allocate(6 * kKiB);
-    void* four = *allocator->Allocate(4 * kKiB);
-    ASSERT_LT(lower, higher);
-    for (void* p : {lower, higher, four}) DTR_ASSERT_OK(allocator->Free(p));
-    ASSERT_TRUE(allocator->Allocate(9 * kKiB).ok());
-    AllocatorStats stats = allocator->GetStats();
+    CachedSegments heap(26 * kKiB, 8 * kKiB, {6 * kKiB, 6 * kKiB, 4 * kKiB});
+    ASSERT_TRUE(heap.allocator->Allocate(9 * kKiB).ok());
+    AllocatorStats stats = heap.allocator->GetStats();
     EXPECT_EQ(stats.num_segment_resizes, 1);
     EXPECT_EQ(stats.num_segment_donors, 1);
-    EXPECT_EQ(*allocator->Allocate(6 * kKiB), higher);
-    (void)in_use;
-    DTR_EXPECT_OK(allocator->CheckInvariants());
+    EXPECT_EQ(*heap.allocator->Allocate(6 * kKiB), heap.cached[1]);
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
   }
   {
-    // The backend resizes only from 8 KiB: 8 KiB in use, 10 and 4 KiB cached, 22 reserved under
-    // 23. 12 KiB: the 10 KiB segment grows, taking the 4 KiB one's pages.
-    FakeBackend backend;
-    backend.set_resizable(true);
-    backend.set_resizable_from(8 * kKiB);
-    AllocatorConfig config = BudgetConfig(23 * kKiB);
-    OneSegmentPerBlock(config);
-    auto allocator = MakeAllocator(config, &backend);
-    void* in_use = *allocator->Allocate(8 * kKiB);
-    void* ten = *allocator->Allocate(10 * kKiB);
-    void* four = *allocator->Allocate(4 * kKiB);
-    for (void* p : {ten, four}) DTR_ASSERT_OK(allocator->Free(p));
-    ASSERT_TRUE(allocator->Allocate(12 * kKiB).ok());
-    AllocatorStats stats = allocator->GetStats();
+    // Resizing only from 8 KiB: 10 and 4 KiB cached, 22 reserved under 23. 12 KiB: the 10 KiB
+    // segment grows, taking the 4 KiB one's pages.
+    CachedSegments heap(23 * kKiB, 8 * kKiB, {10 * kKiB, 4 * kKiB}, /*resizable_from=*/8 * kKiB);
+    ASSERT_TRUE(heap.allocator->Allocate(12 * kKiB).ok());
+    AllocatorStats stats = heap.allocator->GetStats();
     EXPECT_EQ(stats.num_segment_resizes, 1);
     EXPECT_EQ(stats.num_segment_donors, 1);
     EXPECT_EQ(stats.num_segment_frees, 0);
-    (void)in_use;
-    DTR_EXPECT_OK(allocator->CheckInvariants());
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
   }
   {
-    // Nothing cached can be resized (all below 8 KiB): rung 4 releases what the request needs.
-    FakeBackend backend;
-    backend.set_resizable(true);
-    backend.set_resizable_from(8 * kKiB);
-    AllocatorConfig config = BudgetConfig(20 * kKiB);
-    OneSegmentPerBlock(config);
-    auto allocator = MakeAllocator(config, &backend);
-    void* in_use = *allocator->Allocate(8 * kKiB);
-    void* six = *allocator->Allocate(6 * kKiB);
-    void* four = *allocator->Allocate(4 * kKiB);
-    for (void* p : {six, four}) DTR_ASSERT_OK(allocator->Free(p));
-    ASSERT_TRUE(allocator->Allocate(9 * kKiB).ok());
-    AllocatorStats stats = allocator->GetStats();
+    // Nothing cached can be resized (6 and 4 KiB, below 8): rung 4 releases what 9 KiB needs.
+    CachedSegments heap(20 * kKiB, 8 * kKiB, {6 * kKiB, 4 * kKiB}, /*resizable_from=*/8 * kKiB);
+    ASSERT_TRUE(heap.allocator->Allocate(9 * kKiB).ok());
+    AllocatorStats stats = heap.allocator->GetStats();
     EXPECT_EQ(stats.num_segment_resizes, 0);
     EXPECT_EQ(stats.num_segment_frees, 2);
-    EXPECT_EQ(backend.counters().resize_calls, 0);
-    (void)in_use;
-    DTR_EXPECT_OK(allocator->CheckInvariants());
+    EXPECT_EQ(heap.backend.counters().resize_calls, 0);
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
   }
 }
 
