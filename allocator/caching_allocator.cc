@@ -280,7 +280,12 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, Stream stream) {
       if (reserved_now + segment > budget_bytes_) {
         // Note [Recycling a cached segment]
         if (void* p = RecycleCachedSegmentLocked(rounded, bytes, segment, pool, stream)) return p;
-        released = ReleaseCachedSegmentsLocked(reserved_now + segment - budget_bytes_);
+        // A growth that failed gave its donors back all the same (Note [Growing into cached
+        // pages]): they count as released, and only what is still short is released now.
+        const size_t reserved_after = static_cast<size_t>(stats_.reserved_bytes.current);
+        released = reserved_now - reserved_after;
+        if (reserved_after + segment > budget_bytes_)
+          released += ReleaseCachedSegmentsLocked(reserved_after + segment - budget_bytes_);
         Attempt attempt = TryAllocateLocked(rounded, bytes, pool, stream);
         if (attempt.ptr != nullptr) return attempt.ptr;
       }

@@ -60,6 +60,7 @@ absl::StatusOr<void*> FakeBackend::Resize(void* ptr, size_t old_bytes, size_t ne
   if (!resizable_) return absl::UnimplementedError("FakeBackend: resizing is off");
   if (resizable_from_ > 1 && (old_bytes < resizable_from_ || new_bytes < resizable_from_))
     return absl::UnimplementedError("FakeBackend: resizing only from and to set_resizable_from's size");
+  if (fail_resizes_) return absl::ResourceExhaustedError("FakeBackend: resizes fail (set_fail_resizes)");
   auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == live_.end() || it->second != old_bytes) {
     ++counters_.bad_frees;
@@ -147,6 +148,11 @@ void FakeBackend::set_capacity(size_t bytes) {
 void FakeBackend::set_resizable(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   resizable_ = on;
+}
+
+void FakeBackend::set_fail_resizes(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_resizes_ = on;
 }
 
 void FakeBackend::set_resizable_from(size_t bytes) {

@@ -67,6 +67,8 @@ class FakeBackend : public DeviceMemoryBackend {
   void set_resizable(bool on);
   // Resizes only from and to at least `bytes` (as HostBackend resizes only the segments it maps).
   void set_resizable_from(size_t bytes);
+  // Resize fails (ResourceExhausted) while on, as a host resize may (mremap, vm.max_map_count).
+  void set_fail_resizes(bool on);
   void set_page_bytes(size_t bytes);
   // The `n`th Allocate call from now (1 = the next one) fails with ResourceExhausted.
   void FailNthAllocation(int64_t n);
@@ -93,6 +95,7 @@ class FakeBackend : public DeviceMemoryBackend {
   mutable std::mutex mu_;
   bool resizable_ ABSL_GUARDED_BY(mu_) = false;
   size_t resizable_from_ ABSL_GUARDED_BY(mu_) = 1;
+  bool fail_resizes_ ABSL_GUARDED_BY(mu_) = false;
   size_t page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t capacity_ ABSL_GUARDED_BY(mu_);
   const size_t alignment_;

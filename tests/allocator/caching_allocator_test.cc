@@ -794,6 +794,23 @@ TEST(RetryLadderTest, Rung4GivesOthersPagesSoTheLargestCachedSegmentCanGrow) {
   DTR_EXPECT_OK(allocator->CheckInvariants());
 }
 
+// Note [Growing into cached pages]: when the growth fails after its donors went back, rung 4
+// releases only what is still short, not what it would have released with the donors there.
+TEST(RetryLadderTest, AFailedGrowthCountsItsDonorsAsReleased) {
+  ThreeCachedSegments heap(6 * kKiB, 7 * kKiB, 9 * kKiB);  // cached 22 KiB; reserved 30 KiB
+  heap.backend.set_fail_resizes(true);
+  // 14 KiB: c (9 KiB) grown with a's pages fails; a is gone (24 KiB reserved), 6 KiB short, which
+  // b (7 KiB) covers alone; c stays cached (releasing 12 KiB, as before, took b and c).
+  ASSERT_TRUE(heap.allocator->Allocate(14 * kKiB).ok());
+  AllocatorStats stats = heap.allocator->GetStats();
+  EXPECT_EQ(stats.num_segment_donors, 1);
+  EXPECT_EQ(stats.num_segment_resizes, 0);
+  EXPECT_EQ(stats.num_segment_frees, 1);
+  EXPECT_EQ(stats.reserved_bytes.current, int64_t(31 * kKiB));
+  EXPECT_EQ(*heap.allocator->Allocate(9 * kKiB), heap.c);
+  DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+}
+
 // Note [Splitting a cached segment]: where the backend can cut a segment without touching its
 // pages, a cached segment larger than the request is split instead of shrunk, and the tail stays
 // cached as a segment of its own (the budget's shrink in rung 4, here).
