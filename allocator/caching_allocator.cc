@@ -1017,9 +1017,11 @@ absl::Status CachingAllocator::CheckInvariants() const {
         releasable += segment->size;
         ++releasable_count;
         // Note [Releasable segments by size].
-        auto indexed = releasable_by_size_.find({segment->size, segment->base});
-        if (releasable_indexed_ && (indexed == releasable_by_size_.end() || indexed->second != segment.get()))
-          return fail("releasable segment ", base, " of ", segment->size, " bytes is not in releasable_by_size_");
+        if (releasable_indexed_) {
+          auto indexed = releasable_by_size_.find({segment->size, segment->base});
+          if (indexed == releasable_by_size_.end() || indexed->second != segment.get())
+            return fail("releasable segment ", base, " of ", segment->size, " bytes is not in releasable_by_size_");
+        }
       }
     }
     // Note [Segment tiling].

@@ -74,6 +74,12 @@ void Unmap(uintptr_t begin, size_t bytes) {
 
 }  // namespace
 
+void HostBackend::ForgetSeamsAtEndsLocked(uintptr_t begin, uintptr_t end) {
+  // A segment's start and end are no seams: MovePagesLocked records both ends of what it moves.
+  seams_.erase(begin);
+  seams_.erase(end);
+}
+
 void HostBackend::UnmapLocked(uintptr_t begin, uintptr_t end) {
   if (begin >= end) return;
   Unmap(begin, end - begin);
@@ -160,8 +166,7 @@ absl::StatusOr<void*> HostBackend::Resize(void* ptr, size_t old_bytes, size_t ne
     p = mmap(nullptr, new_padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
       MovePagesLocked(begin, PageAligned(old_padded), reinterpret_cast<uintptr_t>(p));
-      seams_.erase(reinterpret_cast<uintptr_t>(p));  // a segment's start and end are no seams
-      seams_.erase(reinterpret_cast<uintptr_t>(p) + PageAligned(new_padded));
+      ForgetSeamsAtEndsLocked(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + PageAligned(new_padded));
     }
   }
   if (p == MAP_FAILED)
@@ -206,10 +211,7 @@ absl::StatusOr<void*> HostBackend::ResizeWithPagesOf(void* ptr, size_t old_bytes
     UnmapLocked(from + taken, from + pages);
     at += taken;
   }
-  if (grown.ok()) {
-    seams_.erase(base);  // neither end of the segment is a seam
-    seams_.erase(end);
-  }
+  if (grown.ok()) ForgetSeamsAtEndsLocked(base, end);
   return grown;
 }
 

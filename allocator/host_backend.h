@@ -51,6 +51,8 @@ class HostBackend : public DeviceMemoryBackend {
   // Note [Seams]: moves the pages of [from, from + bytes) to `to`, mapping by mapping.
   void MovePagesLocked(uintptr_t from, size_t bytes, uintptr_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnmapLocked(uintptr_t begin, uintptr_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Seams]: after a segment [begin, end) was made of moved mappings.
+  void ForgetSeamsAtEndsLocked(uintptr_t begin, uintptr_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasSeamInsideLocked(uintptr_t begin, uintptr_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t alignment_;

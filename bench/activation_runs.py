@@ -103,6 +103,10 @@ def measure(runner, model, args):
                 plain_identical=all(p["losses"] == plains[0]["losses"] for p in plains))
 
 
+def pages(faults):
+    return f", {faults:,.0f} pages/step"
+
+
 def render_cell(c, model, r=None):
     if c["status"] != "ok":
         return {"oom": "out of memory", "too-slow": "too slow",
@@ -114,7 +118,7 @@ def render_cell(c, model, r=None):
     if r is not None:
         text += f", {c['remats']:.0f} remat/step"
     if c["faults"] is not None:
-        text += f", {c['faults']:,.0f} pages/step"
+        text += pages(c["faults"])
     if not c["identical"]:
         text += ", NOT bit-identical"
     if not c["kept"]:
@@ -143,7 +147,7 @@ def render(rows, args):
         cells = row["cells"]
         plain = f"{row['plain_ms']:.2f} ms"
         if row.get("plain_faults") is not None:
-            plain += f", {row['plain_faults']:,.0f} pages/step"
+            plain += pages(row["plain_faults"])
         line = [row["model"], plain, mib(row["static"]), mib(row["peak"]),
                 render_cell(cells["never binds"], row["model"])]
         line += [render_cell(cells[f"r={r:g}"], row["model"], r) for r in args.ratios]

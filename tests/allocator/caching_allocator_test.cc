@@ -630,36 +630,10 @@ TEST(RetryLadderTest, Rung4ReleasesOnlyWhatTheRequestNeeds) {
   }
 }
 
-// Note [Releasable segments by size]: rung 4 finds the segments it releases in an index by size
-// and takes the ones a walk by address took: when one segment covers the shortfall alone, the
-// smallest such, of equal sizes the highest address; else the largest first, of equal sizes the
-// lowest address first. (Which segment it grows: the test after this one.)
-TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
-  for (bool covered_by_one : {true, false}) {
-    FakeBackend backend;
-    AllocatorConfig config = BudgetConfig(32 * kKiB);
-    OneSegmentPerBlock(config);
-    config.shrink_segment_to_fit_budget = false;
-    auto allocator = MakeAllocator(config, &backend);
-    void* in_use = *allocator->Allocate(8 * kKiB);
-    void* cached[4];  // 4, 6, 6 and 4 KiB in address order: 20 KiB cached, 28 reserved
-    const size_t sizes[4] = {4 * kKiB, 6 * kKiB, 6 * kKiB, 4 * kKiB};
-    for (int i = 0; i < 4; ++i) cached[i] = *allocator->Allocate(sizes[i]);
-    for (int i = 0; i < 3; ++i) ASSERT_LT(cached[i], cached[i + 1]);
-    for (void* p : cached) DTR_ASSERT_OK(allocator->Free(p));
-    // 5 KiB is 1 KiB short, which either 4 KiB segment covers: the higher goes. 17 KiB is 13 short:
-    // both 6 KiB, then the lower 4 KiB.
-    ASSERT_TRUE(allocator->Allocate(covered_by_one ? 5 * kKiB : 17 * kKiB).ok());
-    EXPECT_EQ(allocator->GetStats().num_segment_frees, covered_by_one ? 1 : 3);
-    EXPECT_EQ(*allocator->Allocate(4 * kKiB), covered_by_one ? cached[0] : cached[3]);
-    (void)in_use;
-    DTR_EXPECT_OK(allocator->CheckInvariants());
-  }
-}
-
-// A resizable FakeBackend (from `resizable_from` bytes) under `budget`, one segment per block:
-// `in_use` bytes allocated, then segments of `sizes` allocated in that order (rising addresses)
-// and freed, so they are cached.
+// A FakeBackend resizing from `resizable_from` bytes (kNeverResizable: not at all) under `budget`,
+// one segment per block: `in_use` bytes allocated, then segments of `sizes` allocated in that order
+// (rising addresses) and freed, so they are cached.
+constexpr size_t kNeverResizable = SIZE_MAX;
 struct CachedSegments {
   FakeBackend backend;
   std::unique_ptr<CachingAllocator> allocator;
@@ -677,6 +651,23 @@ struct CachedSegments {
   }
 };
 
+// Note [Releasable segments by size]: rung 4 finds the segments it releases in an index by size
+// and takes the ones a walk by address took: when one segment covers the shortfall alone, the
+// smallest such, of equal sizes the highest address; else the largest first, of equal sizes the
+// lowest address first. (Which segment it grows: the test after this one.)
+TEST(RetryLadderTest, Rung4ReleasesEqualSizedSegmentsAsAWalkByAddressDid) {
+  for (bool covered_by_one : {true, false}) {
+    // 8 KiB in use; 4, 6, 6 and 4 KiB cached in address order: 20 KiB cached, 28 reserved.
+    CachedSegments heap(32 * kKiB, 8 * kKiB, {4 * kKiB, 6 * kKiB, 6 * kKiB, 4 * kKiB}, kNeverResizable);
+    // 5 KiB is 1 KiB short, which either 4 KiB segment covers: the higher goes. 17 KiB is 13 short:
+    // both 6 KiB, then the lower 4 KiB.
+    ASSERT_TRUE(heap.allocator->Allocate(covered_by_one ? 5 * kKiB : 17 * kKiB).ok());
+    EXPECT_EQ(heap.allocator->GetStats().num_segment_frees, covered_by_one ? 1 : 3);
+    EXPECT_EQ(*heap.allocator->Allocate(4 * kKiB), covered_by_one ? heap.cached[0] : heap.cached[3]);
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+  }
+}
+
 // Note [Releasable segments by size]: of equal sizes, rung 4 grows the cached segment at the
 // lowest address, as a walk by address did; and it looks for the largest it can resize by size
 // (CanResize is monotone in the old size), passing over smaller ones it cannot.
@@ -693,25 +684,23 @@ TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResi
     EXPECT_EQ(*heap.allocator->Allocate(6 * kKiB), heap.cached[1]);
     DTR_EXPECT_OK(heap.allocator->CheckInvariants());
   }
-  {
-    // Resizing only from 8 KiB: 10 and 4 KiB cached, 22 reserved under 23. 12 KiB: the 10 KiB
-    // segment grows, taking the 4 KiB one's pages.
-    CachedSegments heap(23 * kKiB, 8 * kKiB, {10 * kKiB, 4 * kKiB}, /*resizable_from=*/8 * kKiB);
-    ASSERT_TRUE(heap.allocator->Allocate(12 * kKiB).ok());
+  // Resizing only from 8 KiB, 8 KiB in use. 10 and 4 KiB cached, 22 reserved under 23, 12 KiB
+  // asked: the 10 KiB segment grows, taking the 4 KiB one's pages. 6 and 4 KiB cached (none
+  // resizable), 20 under 20, 9 KiB asked: rung 4 releases what it needs.
+  struct Case {
+    size_t budget, larger, smaller, request;
+    int64_t resizes, donors, frees;
+  };
+  for (const Case& c : {Case{23 * kKiB, 10 * kKiB, 4 * kKiB, 12 * kKiB, 1, 1, 0},
+                        Case{20 * kKiB, 6 * kKiB, 4 * kKiB, 9 * kKiB, 0, 0, 2}}) {
+    SCOPED_TRACE(::testing::Message() << c.request << " bytes");
+    CachedSegments heap(c.budget, 8 * kKiB, {c.larger, c.smaller}, /*resizable_from=*/8 * kKiB);
+    ASSERT_TRUE(heap.allocator->Allocate(c.request).ok());
     AllocatorStats stats = heap.allocator->GetStats();
-    EXPECT_EQ(stats.num_segment_resizes, 1);
-    EXPECT_EQ(stats.num_segment_donors, 1);
-    EXPECT_EQ(stats.num_segment_frees, 0);
-    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
-  }
-  {
-    // Nothing cached can be resized (6 and 4 KiB, below 8): rung 4 releases what 9 KiB needs.
-    CachedSegments heap(20 * kKiB, 8 * kKiB, {6 * kKiB, 4 * kKiB}, /*resizable_from=*/8 * kKiB);
-    ASSERT_TRUE(heap.allocator->Allocate(9 * kKiB).ok());
-    AllocatorStats stats = heap.allocator->GetStats();
-    EXPECT_EQ(stats.num_segment_resizes, 0);
-    EXPECT_EQ(stats.num_segment_frees, 2);
-    EXPECT_EQ(heap.backend.counters().resize_calls, 0);
+    EXPECT_EQ(stats.num_segment_resizes, c.resizes);
+    EXPECT_EQ(stats.num_segment_donors, c.donors);
+    EXPECT_EQ(stats.num_segment_frees, c.frees);
+    EXPECT_EQ(heap.backend.counters().resize_calls, c.resizes);
     DTR_EXPECT_OK(heap.allocator->CheckInvariants());
   }
 }
@@ -719,25 +708,14 @@ TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResi
 // Note [Recycling a cached segment]: with a backend that can resize, rung 4 turns a cached
 // segment into the one a request needs instead of releasing and allocating: the smallest at
 // least as large, shrunk, else the largest whose release makes room, grown.
-// A 32 KiB budget over a resizable backend, one segment per block: 8 KiB in use and three
-// segments of the given sizes cached.
-struct ThreeCachedSegments {
-  FakeBackend backend;
-  std::unique_ptr<CachingAllocator> allocator;
+// A 32 KiB budget over a resizable backend, one segment per block: 8 KiB in use (so the cache
+// stays under the peak) and three segments of the given sizes cached.
+struct ThreeCachedSegments : CachedSegments {
+  ThreeCachedSegments(size_t a_bytes, size_t b_bytes, size_t c_bytes)
+      : CachedSegments(32 * kKiB, 8 * kKiB, {a_bytes, b_bytes, c_bytes}), a(cached[0]), b(cached[1]), c(cached[2]) {}
   void* a;
   void* b;
   void* c;
-  ThreeCachedSegments(size_t a_bytes, size_t b_bytes, size_t c_bytes) {
-    backend.set_resizable(true);
-    AllocatorConfig config = BudgetConfig(32 * kKiB);
-    OneSegmentPerBlock(config);
-    allocator = MakeAllocator(config, &backend);
-    (void)*allocator->Allocate(8 * kKiB);  // in use, so the cache stays under the peak
-    a = *allocator->Allocate(a_bytes);
-    b = *allocator->Allocate(b_bytes);
-    c = *allocator->Allocate(c_bytes);
-    for (void* p : {a, b, c}) EXPECT_TRUE(allocator->Free(p).ok());
-  }
 };
 
 TEST(RetryLadderTest, Rung4RecyclesACachedSegmentWhenTheBackendCanResize) {
