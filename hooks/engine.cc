@@ -1172,7 +1172,8 @@ std::string Engine::StatsJson() {
       by.external, ",\"pinned\":", by.pinned, ",\"locked\":", by.locked, ",\"untracked\":", by.untracked, "}",
       ",\"evictable_bytes\":", by.evictable, ",\"evicted_bytes\":", by.evicted,
       ",\"unevictable_by_reason\":", UnevictableDetailJson(by.by_reason), ",\"unevictable_at_peak\":", UnevictableAtPeakJson({}),
-      ",\"replay_relayouts\":", relayouts_, ",\"deaths_released_at_once\":", deaths_released_at_once_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
+      ",\"replay_relayouts\":", relayouts_, ",\"deaths_released_at_once\":", deaths_released_at_once_,
+      ",\"views_on_short_path\":", views_on_short_path_, ",\"eviction_calls\":", as.eviction_calls, ",\"ooms\":", as.ooms, ",\"recovered_ooms\":", as.recovered_ooms,
       ",\"expandable_segments_by_dtr\":", as.expandable_segments_by_dtr ? "true" : "false",
       ",\"runtime\":", rs.ToJson(), CpuAllocatorJson(), "}");
 }

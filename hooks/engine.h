@@ -112,6 +112,11 @@ class Engine final : public ReplayBackend,
   // keeping the recipes recorded before true. `ks` as Fallback's (it goes on to Fallback if
   // dtr was enabled meanwhile).
   void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  // Note [Views on a short path] (fallback.cc): runs a view whose operands dtr tracks, all
+  // resident, and returns true; false, having changed nothing, when it needs the general path.
+  // `args` are the op's nargs arguments (on the stack, which the op then pops); mu_ is held.
+  bool ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack,
+                       const c10::IValue* args, size_t nargs, const OpInfo& info);
 
   // ---------------- deleter ----------------
   // Called by the deleters of tracked slots (storage_slots.h).
@@ -487,6 +492,7 @@ class Engine final : public ReplayBackend,
   uint64_t ops_seen_ = 0;
   uint64_t relayouts_ = 0;  // replays whose output was copied into the recorded layout (rule 5)
   uint64_t deaths_released_at_once_ = 0;  // Note [Deaths released at once]
+  uint64_t views_on_short_path_ = 0;      // Note [Views on a short path]
   // Note [Where the time goes]: for benchmarks and users tuning overhead. search_ns_ is all time
   // in MakeRoom (choosing and evicting victims). Inside the fallback, hook_ns_ is the wall time of
   // managed ops, exec_ns_ the ops' own execution (first runs, eviction excluded), and the search

@@ -209,12 +209,18 @@ void Runtime::OnUnreferenced(StorageId id) {
 // slower for it (0.45 of its peak, three traces: 1.71-1.75x -> 1.77-1.81x; not from the
 // statistics alone), the TreeLSTM faster (0.25: 3.62-4.47x -> 3.24-4.27x).
 bool Runtime::FreezeHeldResultsOf(StorageId dying, bool pass_on) {
+  // Note [Accumulators of dead gradients]
+  const bool dying_gradient = rec(dying).rematerializable() && rec(dying).backward_recipe;
+  // Every case below needs a backward pass under way, a dying gradient or a reader that ran in
+  // a backward pass: most deaths, an activation dying in a forward pass, have none of them.
+  if (!in_backward_pass_ && !dying_gradient &&
+      std::none_of(rec(dying).readers.begin(), rec(dying).readers.end(),
+                   [&](OpId op_id) { return ops_[op_id].backward; }))
+    return false;
   // Forward results apart: Note [Kept inputs of held results] may keep `dying` instead; and
   // what a dying frozen result passes on, which must not outweigh it.
   absl::InlinedVector<StorageId, 4> frozen, forward_frozen, passed_on, accumulators;
   uint64_t forward_frozen_bytes = 0, passed_on_bytes = 0;
-  // Note [Accumulators of dead gradients]
-  const bool dying_gradient = rec(dying).rematerializable() && rec(dying).backward_recipe;
   const uint64_t dying_size = rec(dying).size;
   for (OpId op_id : rec(dying).readers) {
     const OpRecord& op = ops_[op_id];

@@ -380,6 +380,14 @@ absl::Status Runtime::Access(StorageId id, double cost) {
   return s;
 }
 
+void Runtime::AccessHeld(StorageId id) {
+  if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return;
+  AdvanceClock(0);
+  replays_for_op_ = 0;  // Note [Thrashing rematerializations]
+  Touch(id);
+  DrainCollection();
+}
+
 absl::Status Runtime::AddRef(StorageId id) {
   StorageRecord* r = storages_.Find(id);
   if (ABSL_PREDICT_FALSE(r == nullptr)) return UnknownStorage(id, "add reference");

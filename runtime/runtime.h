@@ -117,6 +117,10 @@ class Runtime {
   // that reads a storage without creating one; `cost` is added to the base cost) and for
   // tensors whose memory is about to be read outside the runtime's view.
   absl::Status Access(StorageId id, double cost = 0);
+  // Access(id, 0) of a storage the caller holds (HoldOperand: resident and locked), without the
+  // lock round trip and the residency check it needs no more (Note [Views on a short path],
+  // hooks/fallback.cc). An unknown id is ignored.
+  void AccessHeld(StorageId id);
   absl::Status AddRef(StorageId id);
   // Drops one external reference; at zero the deallocation policy applies.
   absl::Status DropRef(StorageId id);

@@ -437,17 +437,58 @@ def deep_recipes():
     return {"x": dg(x), "y": dg(y), "z": dg(z), "w": dg(w)}
 
 
+# What a scenario measured of dtr besides its results (only under dtr): printed beside them.
+EXTRA = {}
+
+
+def short_views():
+    """The count of views that took Note [Views on a short path] so far (0 without dtr)."""
+    return json.loads(torch.ops.dtr.stats())["views_on_short_path"] if DTR else 0
+
+
+def views_both_paths():
+    """Note [Views on a short path]: a view of a resident storage dtr tracks takes the short path
+    (numpy's memory included, registered as a constant when torch.from_numpy exposed it); a view
+    of an evicted one (brought back for it) or of memory no op has read yet (registered by the
+    view) takes the general path; resolve_conj, a view that may allocate, reads its operand held.
+    Every result reads back as plain PyTorch computes it."""
+    import numpy as np
+    torch.manual_seed(5)
+    w = torch.randn(32, 32)
+    y = (torch.randn(32, 32) @ w).tanh()
+    before = short_views()
+    resident = [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)]
+    EXTRA["resident"] = short_views() - before
+    evict_all()
+    before = short_views()
+    evicted = y.t()  # y comes back for it
+    EXTRA["evicted"] = short_views() - before
+    n = torch.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8))  # registered, a constant
+    before = short_views()
+    foreign = n.t()
+    EXTRA["foreign"] = short_views() - before
+    before = short_views()
+    unseen = torch.empty(8, 8).t()  # no op has read empty's result yet: registered by the view
+    EXTRA["unseen"] = short_views() - before
+    unseen.fill_(3.0)
+    c = torch.randn(8, 8, dtype=torch.cfloat) * 2
+    resolved = c.conj().resolve_conj()
+    outs = [r @ w if r.dim() == 2 else r * 2 for r in resident] + [evicted @ w, foreign * 3, unseen * 1,
+                                                                     torch.view_as_real(resolved) + 1]
+    return {"outs": [dg(o) for o in outs]}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
                  replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
                  overwritten=overwritten, deep_recipes=deep_recipes, dead_then_needed=dead_then_needed,
-                 copies_overwritten=copies_overwritten)
+                 copies_overwritten=copies_overwritten, views_both_paths=views_both_paths)
 
 if __name__ == "__main__":
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     torch.set_num_threads(1)
     res = SCENARIOS[sys.argv[1]]()
-    print(json.dumps({"out": res, "dtr": json.loads(torch.ops.dtr.stats()) if DTR else None}))
+    print(json.dumps({"out": res, "dtr": json.loads(torch.ops.dtr.stats()) if DTR else None, "extra": EXTRA}))

@@ -59,6 +59,16 @@ def test_deaths_released_at_once_come_back_bit_identical():
     assert stats["deaths_released_at_once"] > 0 and stats["rematerializations"] > 0, stats
 
 
+def test_views_take_the_short_path_only_when_they_may():
+    """Note [Views on a short path]: views of resident tracked storages (numpy's included) skip the
+    general path, one of an evicted storage (brought back) or of one no op has read (registered)
+    does not, and every result is bit-identical to the plain run's."""
+    res, _ = scenario("views_both_paths", True)
+    assert res["out"] == plain("views_both_paths")
+    assert res["extra"] == {"resident": 5, "evicted": 0, "foreign": 1, "unseen": 0}, res["extra"]
+    assert res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
 @pytest.mark.parametrize("rule,name,must_differ", [
     # Rule 6 (RNG): random ops without a Generator argument (randn, rand, randint, randperm,
     # rand_like, dropout) replay from the saved default-generator state; the global stream is

@@ -420,6 +420,33 @@ TEST_F(RuntimeTest, HeldOperandsAreBroughtBackNotEvictedAndDroppedAtRelease) {
   Check();
 }
 
+// Runtime::AccessHeld is Access(id, 0) for a storage the caller holds (Note [Views on a short
+// path], hooks/fallback.cc): it marks it used now, as Access does, and leaves its lock as it was;
+// an id the runtime does not know is ignored.
+TEST_F(RuntimeTest, AccessOfAHeldStorageMarksItUsedAsAccessDoes) {
+  Make(1000);
+  StorageId x = Const(1);
+  StorageId a = Op1("a", {x}, 10);
+  StorageId b = Op1("b", {x}, 10);
+  ASSERT_TRUE(rt_->HoldOperand(a).ok());
+  ASSERT_TRUE(rt_->HoldOperand(b).ok());
+  const double before = rt_->storage(b)->last_access;
+  // Inside the op that holds a and b (not checked one by one, as above); the clock moves on.
+  auto c = rt_->Compute({"c", {&x, 1}, {std::vector<uint64_t>{10}}, true, 0},
+                        [](absl::Span<const StorageId>) -> absl::StatusOr<double> { return 5.0; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(rt_->Access(a, 0).ok());
+  rt_->AccessHeld(b);
+  EXPECT_GT(rt_->storage(b)->last_access, before);
+  EXPECT_EQ(rt_->storage(b)->last_access, rt_->storage(a)->last_access);
+  EXPECT_EQ(rt_->storage(a)->locks, 1u);
+  EXPECT_EQ(rt_->storage(b)->locks, 1u);
+  rt_->AccessHeld(StorageId{});  // unknown: nothing happens
+  rt_->ReleaseOperand(a);
+  rt_->ReleaseOperand(b);
+  Check();  // the pool's copy of b's last access agrees with its record
+}
+
 // OpCall::inputs_held: inputs the caller holds are read as they are (the torch layer holds an
 // op's operands while it runs, then records it): the op is recorded as with any call, its inputs
 // keep the caller's locks, and an input that is not held is refused: no output, no memory, no
