@@ -113,7 +113,7 @@ class Engine final : public ReplayBackend,
   // dtr was enabled meanwhile).
   void FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
   // Note [Views on a short path] (fallback.cc): runs a view whose operands dtr tracks, all
-  // resident, and returns true; false, having changed nothing, when it needs the general path.
+  // resident, and returns true; false, the op not run, when it needs the general path.
   // `args` are the op's nargs arguments (on the stack, which the op then pops); mu_ is held.
   bool ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack,
                        const c10::IValue* args, size_t nargs, const OpInfo& info);

@@ -644,8 +644,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 
 // Note [Views on a short path]
 // A view (an op whose result aliases an operand, rule 4) is never recorded: the general path
-// holds its operands (resident and unevictable while it runs: a view such as resolve_conj may
-// allocate and read), runs it, and marks them used (Runtime::Access). A third of the ops a CPU
+// holds its operands (resident and unevictable while it runs: nothing says a kernel registered
+// as a view never allocates or reads), runs it, and marks them used (Runtime::Access). A third of the ops a CPU
 // TreeLSTM step sends through the fallback are views (1,204 of 3,927 over two steps), and under
 // a budget that never binds a view cost about 2,530 instructions more than in a plain run
 // (callgrind, bench/op_overhead.py's loop with two views added), a thousand of them the
@@ -656,12 +656,15 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 // touch (Runtime::AccessHeld, which is Access for a held storage), the same pin when its results
 // may hide its operands, and nothing else: 2,000 instructions over a plain run's instead of 2,530.
 // Anything else (an operand to register as a constant, to bring back, or that dtr cannot manage)
-// takes the general path, which sees the op as if this one had not looked. The view's time is
-// not measured: it counts as the program's time between ops (Note [Program time between ops],
-// remat.cc), where the general path counted it as an unrecorded op's cost; both are the
-// program's work to Note [Recomputation limit], and the view still moves the limit's window by
-// one op. CUDA keeps the general path (its stream bookkeeping, Note [Streams of evictable
-// memory], sees every op), unmeasured on a GPU so far.
+// takes the general path, which sees the op as this one left it (deaths this one's Busy drained
+// are drained already). The view's time is not measured: it counts as the program's time between
+// ops (Note [Program time between ops], remat.cc), where the general path counted it as an
+// unrecorded op's cost; both are the program's work to Note [Recomputation limit] (a view takes
+// microseconds; the 10 ms cap on a gap would only cut a view far slower than any aten view), and
+// the view still moves the limit's window by one op and counts towards the next Sweep. The peak
+// watch has nothing to see: a view adds no record, so the runtime's memory cannot rise. CUDA keeps
+// the general path (its stream bookkeeping, Note [Streams of evictable memory], sees every op),
+// unmeasured on a GPU so far.
 bool Engine::ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack,
                              const c10::IValue* args, size_t nargs, const OpInfo& info) {
   Busy busy(this);  // EntryOf may report a foreign storage's death
@@ -678,6 +681,7 @@ bool Engine::ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet 
     ids.push_back(e->sid);
   });
   if (!short_path) return false;
+  if (++ops_seen_ % 4096 == 0) Sweep();  // as the general path counts every op it sees
   OpOperands held(this, info.name.c_str());
   for (StorageId id : ids) held.Add(id);
   op.redispatchBoxed(after, stack);

@@ -448,10 +448,10 @@ def short_views():
 
 def views_both_paths():
     """Note [Views on a short path]: a view of a resident storage dtr tracks takes the short path
-    (numpy's memory included, registered as a constant when torch.from_numpy exposed it); a view
-    of an evicted one (brought back for it) or of memory no op has read yet (registered by the
-    view) takes the general path; resolve_conj, a view that may allocate, reads its operand held.
-    Every result reads back as plain PyTorch computes it."""
+    (numpy's memory included: torch.from_numpy's lift_fresh, a view, registered it); a view of an
+    evicted one (brought back for it) or of memory no op has read yet (registered by the view)
+    takes the general path. Every result reads back as plain PyTorch computes it, a resolved conj
+    view's too."""
     import numpy as np
     torch.manual_seed(5)
     w = torch.randn(32, 32)
