@@ -645,9 +645,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 // Note [Views on a short path]
 // A view (an op whose result aliases an operand, rule 4) is never recorded: the general path
 // holds its operands (resident and unevictable while it runs: nothing says a kernel registered
-// as a view never allocates or reads), runs it, and marks them used (Runtime::Access). A third of the ops a CPU
-// TreeLSTM step sends through the fallback are views (1,204 of 3,927 over two steps), and under
-// a budget that never binds a view cost about 2,530 instructions more than in a plain run
+// as a view never allocates or reads), runs it, and marks them used (Runtime::Access). A third
+// of the ops a CPU TreeLSTM step sends through the fallback are views (1,204 of 3,927 over two
+// steps), and under a budget that never binds a view cost about 2,530 instructions more than in
+// a plain run
 // (callgrind, bench/op_overhead.py's loop with two views added), a thousand of them the
 // dispatcher's boxing for the fallback and most of the rest what only a recorded op needs: the
 // clocks around the op and the hook, the peak watch, the scratch meter, a second walk over the

@@ -368,13 +368,7 @@ absl::Status Runtime::Access(StorageId id, double cost) {
   if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return UnknownStorage(id, "access");
   Lock(id);
   absl::Status s = Materialize(id);
-  if (s.ok()) {
-    AdvanceClock(cost);
-    stats_.base_cost += cost;
-    window_base_cost_ += cost;
-    replays_for_op_ = 0;  // Note [Thrashing rematerializations]
-    Touch(id);
-  }
+  if (s.ok()) NoteAccess(id, cost);
   Unlock(id);
   DrainCollection();
   return s;
@@ -382,10 +376,16 @@ absl::Status Runtime::Access(StorageId id, double cost) {
 
 void Runtime::AccessHeld(StorageId id) {
   if (ABSL_PREDICT_FALSE(!storages_.Contains(id))) return;
-  AdvanceClock(0);
+  NoteAccess(id, 0);
+  DrainCollection();
+}
+
+void Runtime::NoteAccess(StorageId id, double cost) {
+  AdvanceClock(cost);
+  stats_.base_cost += cost;
+  window_base_cost_ += cost;
   replays_for_op_ = 0;  // Note [Thrashing rematerializations]
   Touch(id);
-  DrainCollection();
 }
 
 absl::Status Runtime::AddRef(StorageId id) {

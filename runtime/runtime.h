@@ -239,6 +239,9 @@ class Runtime {
     if (r.pool_index != UINT32_MAX) pool_[r.pool_index].last_access = now_;  // Note [Candidate table]
   }
   void AdvanceClock(double cost);
+  // What Access and AccessHeld do once `id` is resident: the view's `cost` is the program's work,
+  // and the storage is used now.
+  void NoteAccess(StorageId id, double cost);
   // Note [Next use in a backward pass] (eviction_search.cc): a program op starts (moves the
   // mirror back to what a backward op reads), and a backward op has read or written `accessed`
   // (clears their flag; a forward op's outputs get theirs when Compute makes their records).

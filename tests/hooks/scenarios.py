@@ -441,9 +441,14 @@ def deep_recipes():
 EXTRA = {}
 
 
-def short_views():
-    """The count of views that took Note [Views on a short path] so far (0 without dtr)."""
-    return json.loads(torch.ops.dtr.stats())["views_on_short_path"] if DTR else 0
+def counting_short_views(key, make):
+    """make()'s result; EXTRA[key] is how many of its views took Note [Views on a short path]."""
+    def short_views():
+        return json.loads(torch.ops.dtr.stats())["views_on_short_path"] if DTR else 0
+    before = short_views()
+    out = make()
+    EXTRA[key] = short_views() - before
+    return out
 
 
 def views_both_paths():
@@ -456,20 +461,13 @@ def views_both_paths():
     torch.manual_seed(5)
     w = torch.randn(32, 32)
     y = (torch.randn(32, 32) @ w).tanh()
-    before = short_views()
-    resident = [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)]
-    EXTRA["resident"] = short_views() - before
+    resident = counting_short_views("resident", lambda: [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)])
     evict_all()
-    before = short_views()
-    evicted = y.t()  # y comes back for it
-    EXTRA["evicted"] = short_views() - before
+    evicted = counting_short_views("evicted", lambda: y.t())  # y comes back for it
     n = torch.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8))  # registered, a constant
-    before = short_views()
-    foreign = n.t()
-    EXTRA["foreign"] = short_views() - before
-    before = short_views()
-    unseen = torch.empty(8, 8).t()  # no op has read empty's result yet: registered by the view
-    EXTRA["unseen"] = short_views() - before
+    foreign = counting_short_views("foreign", lambda: n.t())
+    # No op has read empty's result yet: the view registers it.
+    unseen = counting_short_views("unseen", lambda: torch.empty(8, 8).t())
     unseen.fill_(3.0)
     c = torch.randn(8, 8, dtype=torch.cfloat) * 2
     resolved = c.conj().resolve_conj()
