@@ -181,6 +181,10 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // Python call that does not release the GIL, such as Tensor.numpy()'s detach) then deadlocks
   // with this one (seen: two training threads, one in clone, one in numpy). These copies keep the
   // arguments alive until after mu_ is released: declared before the lock, destroyed after it.
+  // Increfs likewise: kernels take references of their inputs under mu_ (TensorIterator's
+  // operands), which reach Python only for a tensor at one reference; the dispatcher's boxed copy
+  // is the second, taken before the lock (test_no_deadlock_with_a_thread_holding_the_gil; kernels
+  // per op that borrowed arguments without it hung there, runtime/README.md, stop 83).
   // Inline: most ops have at most eight arguments, and this copy then allocates nothing.
   const absl::InlinedVector<c10::IValue, 8> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);

@@ -191,11 +191,10 @@ at::Tensor ScalarArg::Make() const {
   return t;
 }
 
-at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p) {
+const at::Tensor& GetAt(const torch::jit::Stack& s, size_t base, const Path& p) {
   const c10::IValue& v = s[base + p.index];
   if (p.elem < 0) return v.toTensor();
-  if (v.isTensorList()) return v.toTensorList().get(p.elem);
-  return v.toListRef()[p.elem].toTensor();
+  return v.toListRef()[p.elem].toTensor();  // a Tensor[] too: its elements are IValues
 }
 
 }  // namespace dtr::hooks

@@ -170,16 +170,12 @@ void ForEachTensor(const c10::IValue* begin, size_t n, F&& f) {
     const c10::IValue& v = begin[i];
     if (v.isTensor()) {
       if (v.toTensor().defined()) f(Path{int(i), -1}, v.toTensor(), false);
-    } else if (v.isTensorList()) {
-      auto l = v.toTensorList();
-      for (size_t j = 0; j < l.size(); ++j) {
-        at::Tensor t = l.get(j);
-        if (t.defined()) f(Path{int(i), int(j)}, t, false);
-      }
     } else if (v.isList()) {
-      auto l = v.toListRef();
+      // By reference, a Tensor[]'s elements too: no reference-count round trip a tensor.
+      const bool optional_list = !v.isTensorList();
+      const c10::ArrayRef<c10::IValue> l = v.toListRef();
       for (size_t j = 0; j < l.size(); ++j)
-        if (l[j].isTensor() && l[j].toTensor().defined()) f(Path{int(i), int(j)}, l[j].toTensor(), true);
+        if (l[j].isTensor() && l[j].toTensor().defined()) f(Path{int(i), int(j)}, l[j].toTensor(), optional_list);
     }
   }
 }
@@ -218,8 +214,8 @@ void PutAt(Args& args, const Path& p, at::Tensor t, bool optional_list) {
   }
 }
 
-// The tensor at `p` of the list that starts at s[base].
-at::Tensor GetAt(const torch::jit::Stack& s, size_t base, const Path& p);
+// The tensor at `p` of the list that starts at s[base], by reference (valid while the stack is).
+const at::Tensor& GetAt(const torch::jit::Stack& s, size_t base, const Path& p);
 
 }  // namespace dtr::hooks
 

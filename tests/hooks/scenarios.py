@@ -476,13 +476,88 @@ def views_both_paths():
     return {"outs": [dg(o) for o in outs]}
 
 
+def released_arguments():
+    """Every tensor an op took must die with its last Python reference (a reference the fallback
+    kept too many would keep it alive, and the weak references below would not clear), through
+    ops that run, are evicted and brought back, write in place, return views, throw in their
+    kernel, or (under dtr) fail before their kernel runs; the results read back as plain PyTorch's."""
+    import gc
+    import weakref
+    torch.manual_seed(11)
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    bias = torch.randn(16)
+    refs = [weakref.ref(x), weakref.ref(w), weakref.ref(bias)]
+    outs, errors = [], 0
+    for i in range(20):
+        y = torch.addmm(bias, x, w).sigmoid() * x + w
+        v = y.t().detach()
+        y.mul_(0.5).add_(x)
+        if i % 5 == 0:
+            evict_all()  # y and v come back for the next ops
+        outs.append(dg(y.mm(w).tanh() - v.sum(1, keepdim=True)))
+        for bad in (lambda: torch.mm(x, torch.randn(3, 3)),   # the kernel throws
+                    lambda: x.add_(torch.randn(3, 3)),        # an in-place kernel throws
+                    lambda: x.view(7, 5)):                    # a view throws
+            try:
+                bad()
+            except RuntimeError:
+                errors += 1
+        refs.append(weakref.ref(y))
+    if DTR:
+        # The fallback fails before the op runs: its evicted operand cannot come back within the
+        # budget.
+        evict_all()
+        # What is resident now (constants: x, which a failed add_ wrote) and 64 bytes more.
+        torch.ops.dtr.set_budget(json.loads(torch.ops.dtr.stats())["allocated_bytes"] + 64)
+        try:
+            y * 2
+            EXTRA["failed_before_the_op"] = False
+        except torch.OutOfMemoryError:
+            EXTRA["failed_before_the_op"] = True
+        torch.ops.dtr.set_budget(0)
+    del x, w, bias, y, v
+    gc.collect()
+    return {"outs": outs, "errors": errors, "alive": sum(r() is not None for r in refs)}
+
+
+def gil_holder_beside_ops():
+    """One thread runs ops on a tensor Python alone holds (whose kernels take references of their
+    inputs under dtr's engine lock) while another holds the GIL through Tensor.numpy() (whose
+    detach waits for that lock). Must finish (test_no_deadlock_with_a_thread_holding_the_gil)."""
+    import threading
+    import time
+    torch.manual_seed(3)
+    x, y = torch.randn(128, 128), torch.randn(4, 4)
+    stop = time.monotonic() + 3
+    counts = [0, 0]
+
+    def ops():
+        while time.monotonic() < stop:
+            x.sum()
+            x.pow(2)
+            counts[0] += 1
+
+    def numpy():
+        while time.monotonic() < stop:
+            y.numpy()
+            counts[1] += 1
+
+    threads = [threading.Thread(target=ops), threading.Thread(target=numpy)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"both_ran": counts[0] > 0 and counts[1] > 0, "sum": dg(x.sum())}
+
+
 SCENARIOS = dict(rng=rng, views_inplace=views_inplace, multi_output=multi_output, leaving=leaving,
                  threads=threads, set_budget=set_budget, raw_writes=raw_writes, layout=layout,
                  default_dtype=default_dtype, train_threads=train_threads,
                  batchnorm_stats=batchnorm_stats, foreign_memory=foreign_memory,
                  replaced_memory=replaced_memory, deaths_while_locked=deaths_while_locked,
                  overwritten=overwritten, deep_recipes=deep_recipes, dead_then_needed=dead_then_needed,
-                 copies_overwritten=copies_overwritten, views_both_paths=views_both_paths)
+                 copies_overwritten=copies_overwritten, views_both_paths=views_both_paths,
+                 released_arguments=released_arguments, gil_holder_beside_ops=gil_holder_beside_ops)
 
 if __name__ == "__main__":
     import os

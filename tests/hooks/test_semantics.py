@@ -506,3 +506,25 @@ def test_two_training_threads_share_a_budget():
         evictions += st["evictions"]
         remats += st["rematerializations"]
     assert evictions > 0 and remats > 0, (evictions, remats)
+
+
+def test_arguments_are_released():
+    """Tensors an op takes die with their last Python reference (the fallback's copies of its
+    arguments are all dropped), through ops that run, are evicted and brought back, write in place,
+    make views, throw in their kernel or fail before it; bit-identical."""
+    res, _ = scenario("released_arguments", True)
+    assert res["out"] == plain("released_arguments")
+    assert res["out"]["alive"] == 0 and res["out"]["errors"] == 60, res["out"]
+    assert res["extra"] == {"failed_before_the_op": True}, res["extra"]
+    assert res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
+def test_no_deadlock_with_a_thread_holding_the_gil():
+    """Note [No Python decref under the engine lock] (hooks/fallback.cc), for increfs too: ops on a
+    tensor Python alone holds, whose kernels take references of their inputs while dtr's engine
+    lock is held, beside a thread that holds the GIL while it waits for that lock (Tensor.numpy()),
+    finish. (Kernels on dtr's key that borrowed such a tensor without a reference of dtr's, tried
+    in stop 83, hung here: runtime/README.md, "Unboxed kernels for hot ops: tried, not kept".)"""
+    r = run([PY, SCEN, "gil_holder_beside_ops"], preload=True, timeout=120, DTR_BUDGET=NEVER_BINDS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["out"]["both_ran"]
