@@ -809,10 +809,10 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   const size_t nout = std::min(rr.outputs.size(), oprec.outputs.size());
   if (check_layout) {
     for (size_t i = 0; i < nout; ++i)
-      if (const at::Tensor out = GetAt(stack, 0, rr.outputs[i].path); keep[i] && differs(out, rr.outputs[i].meta))
+      if (const at::Tensor& out = GetAt(stack, 0, rr.outputs[i].path); keep[i] && differs(out, rr.outputs[i].meta))
         return refuse("output", i, out, rr.outputs[i].meta);
     for (const OutputView& v : rr.output_views)
-      if (const at::Tensor view = GetAt(stack, 0, v.path); v.output < nout && keep[v.output] && differs(view, v.meta))
+      if (const at::Tensor& view = GetAt(stack, 0, v.path); v.output < nout && keep[v.output] && differs(view, v.meta))
         return refuse("result over the storage of output", v.output, view, v.meta);
   }
   // Every output's memory is settled before any is swapped in: adopting one takes the memory out
@@ -821,14 +821,14 @@ absl::StatusOr<double> Engine::Replay(OpId id, const OpRecord& oprec, absl::Span
   for (size_t i = 0; i < nout; ++i) {
     if (!keep[i]) continue;
     const OutputSpec& os = rr.outputs[i];
-    const at::Tensor out = GetAt(stack, 0, os.path);
+    const at::Tensor& out = GetAt(stack, 0, os.path);  // the stack is not changed below
     bool relayout = check_layout && (!os.meta.Matches(out) || out.storage().nbytes() != os.nbytes ||
                                      !IsOurs(out.storage().data_ptr()));
     for (size_t j = 0; j < i && !relayout; ++j)
       relayout = keep[j] && GetAt(stack, 0, rr.outputs[j].path).storage().is_alias_of(out.storage());
     for (const OutputView& v : rr.output_views) {
       if (!check_layout || relayout || v.output != i) continue;
-      const at::Tensor view = GetAt(stack, 0, v.path);
+      const at::Tensor& view = GetAt(stack, 0, v.path);
       relayout = !view.has_storage() || !view.storage().is_alias_of(out.storage()) || !v.meta.Matches(view);
     }
     if (!relayout) {
