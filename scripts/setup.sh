@@ -8,7 +8,11 @@
 #      transformers 5.25.0 beside 2.14.1, pytest with pytest-xdist, numpy, matplotlib,
 #      scikit-build-core and ninja;
 #   3. dtr itself: `pip install --no-build-isolation .`, built against that torch (build tree
-#      kept in build/py-torch<version> so a rebuild is incremental).
+#      kept in build/py-torch<version> so a rebuild is incremental), with GCC's profile-guided
+#      optimization (Note [Profile-guided optimization], CMakeLists.txt): an instrumented build
+#      runs scripts/pgo_workload.py, then the installed one is built from its profile, kept in
+#      build/pgo-torch<version> until a source file changes. PGO=0 builds without it (faster
+#      when iterating on the code).
 # Run as root or with sudo available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,5 +67,31 @@ echo "setup: building and installing dtr into $VENV_DIR (torch $TORCH_VERSION)"
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
 fi
-pip_q install --no-build-isolation -C build-dir="build/py-torch$TORCH_VERSION" .
+build_tree=build/py-torch$TORCH_VERSION
+pgo=()
+if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free Software Foundation"; then
+  pgo_dir=$PWD/build/pgo-torch$TORCH_VERSION
+  # The profile is kept while nothing it was made from changes: the library's sources and build
+  # files, the workload, the compiler and torch.
+  key=$( { "${CXX:-c++}" --version | head -1; echo "torch $TORCH_VERSION"
+           find runtime allocator hooks cmake -type f ! -path '*__pycache__*' -print0 | sort -z | xargs -0 sha1sum
+           sha1sum CMakeLists.txt pyproject.toml scripts/pgo_workload.py; } | sha1sum | cut -c1-40)
+  if [ "$(cat "$pgo_dir/key" 2>/dev/null)" != "$key" ]; then
+    echo "setup: profile-guided build, 1 of 2: instrumented, then scripts/pgo_workload.py writes the profile"
+    rm -rf "$pgo_dir"
+    pip_q install --no-build-isolation --no-deps --target "$pgo_dir/instrumented" -C build-dir="$build_tree" \
+      -C cmake.define.DTR_PGO=generate -C cmake.define.DTR_PGO_DIR="$pgo_dir/profile" .
+    PYTHONPATH="$pgo_dir/instrumented" OMP_NUM_THREADS=1 "$VENV_PY" -m dtr --budget 1TiB scripts/pgo_workload.py
+    ls "$pgo_dir"/profile/*.gcda >/dev/null 2>&1 || { echo "setup: the workload wrote no profile into $pgo_dir/profile" >&2; exit 1; }
+    rm -rf "$pgo_dir/instrumented"
+    echo "$key" > "$pgo_dir/key"
+    echo "setup: profile-guided build, 2 of 2: the library installed, from the profile"
+  fi
+  pgo=(-C cmake.define.DTR_PGO=use -C cmake.define.DTR_PGO_DIR="$pgo_dir/profile")
+fi
+pip_q install --no-build-isolation -C build-dir="$build_tree" "${pgo[@]}" .
+if [ ${#pgo[@]} -gt 0 ]; then
+  "$VENV_PY" -c 'import sys, dtr._build_info as b; sys.exit(b.PGO != "use")' ||
+    { echo "setup: the installed dtr was not built from the profile" >&2; exit 1; }
+fi
 "$VENV_PY" -m dtr --info

@@ -46,6 +46,8 @@ def info():
     print(f"built against torch {b.TORCH_VERSION}")
     print(f"CPU adapter: {'compiled' if b.CPU_ADAPTER else 'not compiled'}")
     print(f"CUDA adapter: {'compiled' if b.CUDA_ADAPTER else 'not compiled'}")
+    print("profile-guided optimization: " + {"use": "yes (scripts/setup.sh)", "generate": "instrumented build, "
+                                             "writing a profile"}.get(b.PGO, "no"))
     print(f"library: {_library.TORCH_LIB}")
     print(f"preload: {_library.PRELOAD_LIB}")
     print(f"active in this process: {'yes' if lib.dtr_is_active() else 'no'}")

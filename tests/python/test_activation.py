@@ -474,6 +474,11 @@ def test_info_prints_versions_features_and_configuration():
     # The CUDA adapter is built whenever torch is a CUDA build (it needs no GPU to build).
     assert "CPU adapter: compiled" in out
     assert ("CUDA adapter: compiled" if torch.version.cuda else "CUDA adapter: not compiled") in out
+    # Note [Profile-guided optimization]: what the installed build says of itself (scripts/setup.sh
+    # builds with a profile and checks that the installed package has one).
+    from dtr import _build_info
+    pgo = {"use": "yes (scripts/setup.sh)", "generate": "instrumented build, writing a profile", "": "no"}
+    assert f"profile-guided optimization: {pgo[_build_info.PGO]}" in out
     assert "budget=6.00 GiB" in out and "device=auto" in out and "cuda_allocator=native" in out
     # Note [Bounded neighborhood walks]: the default, and the launcher's option reaching the library.
     assert "neighborhood_walk_limit=64" in out
