@@ -18,8 +18,15 @@ These ratios include what dtr-sim leaves out: dtr's bookkeeping of every op (the
 column alone) and its allocator. They also include the shared machine's noise, which the plain
 run measured before each preloaded one bounds.
 
-  python bench/activation_runs.py [--models a,b] [--ratios 0.5,0.3] [--rounds 5] [--out FILE]
+With --against DIR, each round also runs the same blocks under another build of dtr, installed in
+DIR by `pip install --no-build-isolation --target DIR .` (say the code before a change, or a build
+without the profile-guided optimization: `PGO=0`), the two preloaded processes in alternating
+order, and a second table gives both builds' ratios and, per round, this build's step time over
+that one's: a change measured side by side, on the same plain runs.
+
+  python bench/activation_runs.py [--models a,b] [--ratios 0.5,0.3] [--rounds 5] [--against DIR] [--out FILE]
 """
+import copy
 import argparse
 import os
 import statistics
@@ -30,7 +37,7 @@ from types import SimpleNamespace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from activation_budgets import GENERATED_END, mib, publish  # noqa: E402
-from sweep import ALL_MODELS, NON_BINDING_BUDGET as NEVER_BINDS, Runner, WorkerError  # noqa: E402
+from sweep import ALL_MODELS, NON_BINDING_BUDGET as NEVER_BINDS, Runner, WorkerError, installed_dtr_build  # noqa: E402
 
 # Issue 16 item 3: at r = 0.5 at most 1.3x (the TreeLSTM 1.5x); at r = 0.3 every model at most 2x.
 TARGETS = {0.5: 1.3, 0.3: 2.0}
@@ -56,17 +63,33 @@ def static_and_peak(runner, model):
     return trace["static_bytes"], free["peak_allocated_bytes"]
 
 
-def one_round(runner, model, budgets, cap_factor):
-    """A plain process, then a preloaded one training at each budget (None: never binds)."""
+def against_runner(runner, package_dir):
+    """A runner whose preloaded workers run the dtr installed in package_dir instead."""
+    lib = os.path.join(package_dir, "dtr", "lib", "libdtr.so")
+    if not os.path.isfile(lib):
+        raise SystemExit(f"activation_runs: --against {package_dir}: no {lib}; install a build there with "
+                         "`pip install --no-build-isolation --target DIR .`")
+    other = copy.copy(runner)
+    other.lib, other.pythonpath = lib, os.path.abspath(package_dir)
+    return other
+
+
+def one_round(runner, model, budgets, cap_factor, other=None, other_first=False):
+    """A plain process, then a preloaded one training at each budget (None: never binds); with
+    `other`, a second preloaded one under that runner's build, before or after the first."""
     plain = runner.blocks(model, [{"variant": "model", "budget": None, "label": "plain"}])[-1]
     blocks = [{"variant": "model", "budget": NEVER_BINDS if b is None else int(b), "label": label}
               for label, b in budgets]
     cap = cap_factor * plain["median_step_cpu_seconds"]
-    try:
-        runs = runner.blocks(model, blocks, preload=True, max_step_seconds=cap, DTR_BUDGET=NEVER_BINDS)
-    except WorkerError as e:
-        raise SystemExit(f"activation_runs: {model}: {e}") from None
-    return plain, {run["label"]: run for run in runs}
+    order = [r for r in ((other, runner) if other_first else (runner, other)) if r is not None]
+    results = {}
+    for r in order:
+        try:
+            runs = r.blocks(model, blocks, preload=True, max_step_seconds=cap, DTR_BUDGET=NEVER_BINDS)
+        except WorkerError as e:
+            raise SystemExit(f"activation_runs: {model}: {e}") from None
+        results[r is other] = {run["label"]: run for run in runs}
+    return plain, results[False], results.get(True, {})
 
 
 def cell(runs, plain_runs, budget):
@@ -91,13 +114,25 @@ def median_faults(runs):
     return statistics.median(faults) if faults else None
 
 
-def measure(runner, model, args):
+def per_round_gain(rounds, label):
+    """This build's step time over the other's in each round where both trained: median and range."""
+    gains = sorted(runs[label]["median_step_cpu_seconds"] / others[label]["median_step_cpu_seconds"]
+                   for _, runs, others in rounds
+                   if runs.get(label, {}).get("status") == "ok" and others.get(label, {}).get("status") == "ok")
+    return (statistics.median(gains), gains[0], gains[-1]) if gains else None
+
+
+def measure(runner, model, args, other=None):
     static, peak = static_and_peak(runner, model)
     budgets = [("never binds", None)] + [(f"r={r:g}", static + r * (peak - static)) for r in args.ratios]
-    rounds = [one_round(runner, model, budgets, args.cap) for _ in range(args.rounds)]
-    plains = [p for p, _ in rounds]
-    cells = {label: cell([runs.get(label) for _, runs in rounds], plains, b) for label, b in budgets}
-    return dict(model=model, static=static, peak=peak, budgets=dict(budgets), cells=cells,
+    rounds = [one_round(runner, model, budgets, args.cap, other, other_first=i % 2 == 1) for i in range(args.rounds)]
+    plains = [p for p, _, _ in rounds]
+    cells = {label: cell([runs.get(label) for _, runs, _ in rounds], plains, b) for label, b in budgets}
+    against = None
+    if other is not None:
+        against = {label: dict(cell=cell([others.get(label) for _, _, others in rounds], plains, b),
+                               gain=per_round_gain(rounds, label)) for label, b in budgets}
+    return dict(model=model, static=static, peak=peak, budgets=dict(budgets), cells=cells, against=against,
                 plain_ms=statistics.median(p["median_step_cpu_seconds"] for p in plains) * 1e3,
                 plain_faults=median_faults(plains),
                 plain_identical=all(p["losses"] == plains[0]["losses"] for p in plains))
@@ -131,7 +166,8 @@ def render(rows, args):
     out = ["# Budgets on activations in real training runs (CPU)\n",
            f"Made by `python bench/activation_runs.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"{args.rounds} rounds of a plain process and a preloaded one per model, {args.warmup} warm-up and "
-           f"{args.steps} measured steps a budget, {args.threads} intra-op thread. Budget = static + r x "
+           f"{args.steps} measured steps a budget, {args.threads} intra-op thread, dtr built {installed_dtr_build()}. "
+           "Budget = static + r x "
            "(peak - static): static is what the model holds between steps (parameters, gradients, optimizer "
            "state, batches), peak the allocated peak under a budget that never binds. Cells: dtr's median step "
            "time over the same round's plain one (process CPU time), the median over the rounds with the range, "
@@ -152,6 +188,18 @@ def render(rows, args):
                 render_cell(cells["never binds"], row["model"])]
         line += [render_cell(cells[f"r={r:g}"], row["model"], r) for r in args.ratios]
         out.append("| " + " | ".join(line) + " |")
+    if args.against:
+        out += ["", f"Side by side with the build in `{args.against}` (dtr built {installed_dtr_build(package_dir=args.against)}), "
+                "its preloaded process in the same rounds, first in every other one: its ratios over the same plain "
+                "runs, and this build's step time over that build's, the median over the rounds with the range.\n",
+                "| model | budget | this build | that build | this / that |", "|---|---|---|---|---|"]
+        for row in rows:
+            for label in row["cells"]:
+                r = None if label == "never binds" else float(label[2:])
+                g = row["against"][label]["gain"]
+                gain = f"{g[0]:.3f} ({g[1]:.3f}-{g[2]:.3f})" if g else "-"
+                out.append(f"| {row['model']} | {label} | {render_cell(row['cells'][label], row['model'], r)} | "
+                           f"{render_cell(row['against'][label]['cell'], row['model'], r)} | {gain} |")
     out.append(GENERATED_END)
     return "\n".join(out) + "\n"
 
@@ -165,6 +213,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cap", type=float, default=20.0, help="a step over this many plain steps stops the block")
+    ap.add_argument("--against", default=None, metavar="DIR",
+                    help="also run the dtr installed in DIR (pip install --target DIR), side by side")
     ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
     args = ap.parse_args()
     args.ratios = sorted((float(x) for x in args.ratios.split(",")), reverse=True)
@@ -172,11 +222,12 @@ def main():
         ap.error("--rounds, --steps and --warmup must be at least 1")
     runner = Runner(SimpleNamespace(device="cpu", threads=args.threads, warmup=args.warmup, steps=args.steps,
                                     build=REPO))
+    other = against_runner(runner, args.against) if args.against else None
     rows = []
     for model in args.models.split(","):
         if model not in ALL_MODELS:
             ap.error(f"unknown model {model!r}: one of {', '.join(ALL_MODELS)}")
-        rows.append(measure(runner, model, args))
+        rows.append(measure(runner, model, args, other))
         print(f"activation_runs: {model} done", file=sys.stderr, flush=True)
     publish(render(rows, args), args.out)
 

@@ -36,6 +36,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import installed_dtr_build  # noqa: E402
 
 MODES = ("plain", "no budget", "1 TiB budget")
 TIB = 1 << 40
@@ -251,7 +252,8 @@ def main():
         with open(args.out, "w") as f:
             f.write(f"# dtr's instructions a training step\n\nMade by `python bench/step_instructions.py` "
                     f"(callgrind; {args.warmup} warm-up and {args.steps} measured steps a mode, one process a "
-                    f"model, torch {version}, 1 thread). Ratios are of the plain step's instructions."
+                    f"model, torch {version}, 1 thread, dtr built {installed_dtr_build(args.python)}). Ratios are of "
+                    "the plain step's instructions."
                     + (" Cache misses simulated by callgrind (--cache-sim; Note [Simulated cache misses], "
                        "bench/step_instructions.py)." if args.cache_sim else "") + "\n\n"
                     f"{text}\n")

@@ -84,6 +84,7 @@ class Runner:
     def __init__(self, args):
         self.args = args
         self.lib = preload_library()
+        self.pythonpath = None  # a preloaded worker imports dtr from here (activation_runs.py --against)
         self.sim = os.path.join(args.build, "bin", "dtr-sim")
         self.chain = os.path.join(args.build, "bin", "dtr-chain")
         self.processes = 0
@@ -93,6 +94,8 @@ class Runner:
         env.update({"OMP_NUM_THREADS": str(self.args.threads), "PYTHONHASHSEED": "0"})
         if preload:
             env["LD_PRELOAD"] = self.lib
+            if self.pythonpath:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.pythonpath, env.get("PYTHONPATH")]))
         env.update({k: str(v) for k, v in dtr.items()})
         return env
 
@@ -666,6 +669,16 @@ def rotor_largest_step(curve, trace_peak):
 
 
 # ------------------------------------------------------------------------------------ report
+def installed_dtr_build(python=sys.executable, package_dir=None):
+    """How the dtr that `python` imports (from package_dir, a `pip install --target` directory, if
+    given) was built, for the results' headers: with or without the profile-guided optimization
+    scripts/setup.sh does (Note [Profile-guided optimization])."""
+    env = dict(os.environ, PYTHONPATH=package_dir) if package_dir else None
+    pgo = subprocess.run([python, "-c", "import dtr._build_info as b; print(b.PGO)"], capture_output=True,
+                         text=True, env=env).stdout.strip()
+    return "profile-guided (scripts/setup.sh)" if pgo == "use" else f"without profile-guided optimization ({pgo or 'plain pip install'})"
+
+
 def machine_info(device):
     cpu = "unknown"
     try:
@@ -684,6 +697,7 @@ def machine_info(device):
         pass
     torch_v = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                              text=True).stdout.strip()
+    dtr_build = installed_dtr_build()
     gpu = None
     if device == "cuda":
         gpu = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
@@ -694,7 +708,7 @@ def machine_info(device):
         return r.stdout.strip() if r.returncode == 0 else None
     commit = git("rev-parse", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "torch": torch_v, "gpu": gpu,
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "torch": torch_v, "dtr_build": dtr_build, "gpu": gpu,
             "commit": commit, "dirty": bool(dirty), "python": platform.python_version(),
             "kernel": platform.release(), "load_average_start": os.getloadavg()}
 
@@ -1239,7 +1253,8 @@ def write_markdown(path, results, a, info, wall, command):
          + f"; load average at start {', '.join(f'{v:.2f}' for v in info['load_average_start'])}, at end "
          + f"{', '.join(f'{v:.2f}' for v in info['load_average_end'])} (the machine is shared)"
          + (f"; GPU: {info['gpu']}" if info.get("gpu") else ""),
-         f"- torch {info['torch']}, Python {info['python']}, Linux {info['kernel']}; {a.threads} intra-op thread(s)",
+         f"- torch {info['torch']}, Python {info['python']}, Linux {info['kernel']}; {a.threads} intra-op thread(s)"
+         + (f"; dtr built {info['dtr_build']}" if info.get("dtr_build") else ""),
          f"- git commit {info['commit']}" + (" (with uncommitted changes)" if info["dirty"] else ""),
          f"- dtr build: `{os.path.relpath(a.build, REPO)}`; {a.warmup} warm-up + {a.steps} measured steps per "
          f"budget; heuristics {', '.join(a.heuristics)}; step-time cap {a.max_slowdown:g}× the plain step",

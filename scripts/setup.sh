@@ -72,16 +72,19 @@ pgo=()
 if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free Software Foundation"; then
   pgo_dir=$PWD/build/pgo-torch$TORCH_VERSION
   # The profile is kept while nothing it was made from changes: the library's sources and build
-  # files, the workload, the compiler and torch.
+  # files (not its notes), the workload, the compiler and torch.
   key=$( { "${CXX:-c++}" --version | head -1; echo "torch $TORCH_VERSION"
-           find runtime allocator hooks cmake -type f ! -path '*__pycache__*' -print0 | sort -z | xargs -0 sha1sum
+           find runtime allocator hooks cmake -type f \( -name '*.cc' -o -name '*.h' -o -name '*.c' -o -name '*.cmake' \
+             -o -name '*.in' -o -name CMakeLists.txt \) -print0 | sort -z | xargs -0 sha1sum
            sha1sum CMakeLists.txt pyproject.toml scripts/pgo_workload.py; } | sha1sum | cut -c1-40)
   if [ "$(cat "$pgo_dir/key" 2>/dev/null)" != "$key" ]; then
     echo "setup: profile-guided build, 1 of 2: instrumented, then scripts/pgo_workload.py writes the profile"
     rm -rf "$pgo_dir"
     pip_q install --no-build-isolation --no-deps --target "$pgo_dir/instrumented" -C build-dir="$build_tree" \
       -C cmake.define.DTR_PGO=generate -C cmake.define.DTR_PGO_DIR="$pgo_dir/profile" .
-    PYTHONPATH="$pgo_dir/instrumented" OMP_NUM_THREADS=1 "$VENV_PY" -m dtr --budget 1TiB scripts/pgo_workload.py
+    # Without the caller's DTR_* settings (a trace or stats file, another heuristic): the workload's own.
+    env $(env | sed -n 's/^\(DTR_[A-Za-z0-9_]*\)=.*/-u \1/p') PYTHONPATH="$pgo_dir/instrumented" OMP_NUM_THREADS=1 \
+      "$VENV_PY" -m dtr --budget 1TiB scripts/pgo_workload.py
     ls "$pgo_dir"/profile/*.gcda >/dev/null 2>&1 || { echo "setup: the workload wrote no profile into $pgo_dir/profile" >&2; exit 1; }
     rm -rf "$pgo_dir/instrumented"
     echo "$key" > "$pgo_dir/key"

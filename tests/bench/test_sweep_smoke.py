@@ -185,21 +185,31 @@ def test_activation_budgets_table(tmp_path):
 
 
 def test_activation_runs_table(tmp_path):
-    """bench/activation_runs.py on the chain, one round: real training under a budget that never
+    """bench/activation_runs.py on the chain, two rounds: real training under a budget that never
     binds and at half its activations, each against the plain process of its round. Both train
     (the chain trains down to r = 0.1 in dtr-sim), bit-identical and within budget (a cell says
-    otherwise in words), and the budgeted run rematerializes."""
+    otherwise in words), and the budgeted run rematerializes. With --against, the same blocks under
+    a second build (here the installed package again, from its directory) in the same rounds."""
+    import importlib.util
+    package_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("dtr").origin))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     out = tmp_path / "activation_runs.md"
-    r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_runs.py"), "--models", "chain", "--rounds", "1",
-                        "--warmup", "1", "--steps", "2", "--ratios", "0.5", "--out", str(out)],
+    r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_runs.py"), "--models", "chain", "--rounds", "2",
+                        "--warmup", "1", "--steps", "2", "--ratios", "0.5", "--against", package_dir, "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     text = out.read_text()
     header = [line for line in text.splitlines() if line.startswith("| model |")]
-    assert header == ["| model | plain step | static | peak | never binds | r=0.5 |"], text
+    assert header == ["| model | plain step | static | peak | never binds | r=0.5 |",
+                      "| model | budget | this build | that build | this / that |"], text
     row = [line for line in text.splitlines() if line.startswith("| chain |")]
-    assert len(row) == 1, text
+    assert len(row) == 3, text
+    side_by_side = [[c.strip() for c in line.strip("|").split("|")] for line in row[1:]]
+    assert [c[1] for c in side_by_side] == ["never binds", "r=0.5"], text
+    for cells in side_by_side:
+        assert all(c.lstrip("*")[:1].isdigit() for c in cells[2:4]), cells  # bold: above issue 16's target
+        assert 0.2 < float(cells[4].split(" ")[0]) < 5, cells  # the same build, on a shared machine
+        assert "NOT bit-identical" not in cells[3] and "BUDGET EXCEEDED" not in cells[3], cells
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     never_binds, half = cells[4], cells[5]
     assert never_binds[:1].isdigit() and "remat" not in never_binds, cells
