@@ -88,8 +88,19 @@ def one_round(runner, model, budgets, cap_factor, other=None, other_first=False)
             runs = r.blocks(model, blocks, preload=True, max_step_seconds=cap, DTR_BUDGET=NEVER_BINDS)
         except WorkerError as e:
             raise SystemExit(f"activation_runs: {model}: {e}") from None
+        for run in runs:
+            check_library(r, run)
         results[r is other] = {run["label"]: run for run in runs}
     return plain, results[False], results.get(True, {})
+
+
+def check_library(runner, run):
+    """A preloaded run must have run the build its runner preloads (with --against, two builds
+    alternate: a run of the wrong one would compare a build with itself)."""
+    want = os.path.dirname(os.path.realpath(runner.lib))
+    got = run.get("dtr_library")
+    if got is not None and os.path.dirname(got) != want:
+        raise SystemExit(f"activation_runs: a run meant for the build in {want} ran {got}")
 
 
 def cell(runs, plain_runs, budget):
@@ -165,7 +176,9 @@ def render(rows, args):
     head = ["model", "plain step", "static", "peak", "never binds"] + [f"r={r:g}" for r in args.ratios]
     out = ["# Budgets on activations in real training runs (CPU)\n",
            f"Made by `python bench/activation_runs.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-           f"{args.rounds} rounds of a plain process and a preloaded one per model, {args.warmup} warm-up and "
+           f"{args.rounds} rounds of a plain process and a preloaded one per model"
+           + (" (and one under the build in the second table, in alternating order)" if args.against else "")
+           + f", {args.warmup} warm-up and "
            f"{args.steps} measured steps a budget, {args.threads} intra-op thread, dtr built {installed_dtr_build()}. "
            "Budget = static + r x "
            "(peak - static): static is what the model holds between steps (parameters, gradients, optimizer "

@@ -194,6 +194,7 @@ def run_block(bm, block, batches, args, watchdog):
                minor_faults_per_step=None if faults1 is None else (faults1 - faults0) / args.steps)
     if DTR:
         after = dtr_stats()
+        out["dtr_library"] = loaded_dtr_library()
         out["peak_reserved_bytes"] = after["peak_reserved_bytes"]
         out["peak_allocated_bytes"] = after["peak_allocated_bytes"]
         out["budget_bytes"] = after["budget_bytes"]
@@ -205,6 +206,19 @@ def run_block(bm, block, batches, args, watchdog):
     del model, opt
     gc.collect()
     return out
+
+
+def loaded_dtr_library():
+    """The path of the libdtr_torch.so this process runs (/proc/self/maps), so that a harness
+    comparing two builds can check which one each run used; None where it cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith("/libdtr_torch.so"):
+                    return os.path.realpath(line.split(None, 5)[5].strip())
+    except OSError:
+        pass
+    return None
 
 
 def check_dtr_manages(device):

@@ -674,8 +674,11 @@ def installed_dtr_build(python=sys.executable, package_dir=None):
     given) was built, for the results' headers: with or without the profile-guided optimization
     scripts/setup.sh does (Note [Profile-guided optimization])."""
     env = dict(os.environ, PYTHONPATH=package_dir) if package_dir else None
-    pgo = subprocess.run([python, "-c", "import dtr._build_info as b; print(b.PGO)"], capture_output=True,
-                         text=True, env=env).stdout.strip()
+    r = subprocess.run([python, "-c", "import dtr._build_info as b; print(b.PGO)"], capture_output=True,
+                       text=True, env=env)
+    if r.returncode != 0:
+        return "(unknown: dtr._build_info could not be read)"
+    pgo = r.stdout.strip()
     return "profile-guided (scripts/setup.sh)" if pgo == "use" else f"without profile-guided optimization ({pgo or 'plain pip install'})"
 
 

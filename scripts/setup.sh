@@ -63,7 +63,8 @@ fi
 echo "setup: building and installing dtr into $VENV_DIR (torch $TORCH_VERSION)"
 # Through ccache (scripts/env.sh): the runtime, the allocator and the simulator do not include
 # torch, so the second wheel's build reuses their objects from the first (about 100 s of CI's
-# two cores). CMake takes the launcher from the environment when it first configures a tree.
+# two cores) when built without a profile; a profile-guided build's objects depend on its own
+# profile. CMake takes the launcher from the environment when it first configures a tree.
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
 fi
@@ -72,8 +73,11 @@ pgo=()
 if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free Software Foundation"; then
   pgo_dir=$PWD/build/pgo-torch$TORCH_VERSION
   # The profile is kept while nothing it was made from changes: the library's sources and build
-  # files (not its notes), the workload, the compiler and torch.
-  key=$( { "${CXX:-c++}" --version | head -1; echo "torch $TORCH_VERSION"
+  # files (not its notes), the workload, the compiler, flags from the environment, torch (its
+  # build: CUDA or CPU), nvcc (the CUDA adapter) and where the build tree is (GCC names each
+  # profile file after its object's absolute path).
+  key=$( { "${CXX:-c++}" --version | head -1; "$VENV_PY" -c 'import torch; print("torch", torch.__version__)'
+           echo "$PWD/$build_tree ${CXXFLAGS:-} ${CFLAGS:-} ${LDFLAGS:-} ${CMAKE_ARGS:-} $(command -v nvcc || true)"
            find runtime allocator hooks cmake -type f \( -name '*.cc' -o -name '*.h' -o -name '*.c' -o -name '*.cmake' \
              -o -name '*.in' -o -name CMakeLists.txt \) -print0 | sort -z | xargs -0 sha1sum
            sha1sum CMakeLists.txt pyproject.toml scripts/pgo_workload.py; } | sha1sum | cut -c1-40)
@@ -85,12 +89,16 @@ if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free S
     # Without the caller's DTR_* settings (a trace or stats file, another heuristic): the workload's own.
     env $(env | sed -n 's/^\(DTR_[A-Za-z0-9_]*\)=.*/-u \1/p') PYTHONPATH="$pgo_dir/instrumented" OMP_NUM_THREADS=1 \
       "$VENV_PY" -m dtr --budget 1TiB scripts/pgo_workload.py
-    ls "$pgo_dir"/profile/*.gcda >/dev/null 2>&1 || { echo "setup: the workload wrote no profile into $pgo_dir/profile" >&2; exit 1; }
+    # GCC names each profile file after its object's absolute path, '/' mangled to '#'.
+    ls "$pgo_dir/profile/$(echo "$PWD/$build_tree" | tr / '#')#"*.gcda >/dev/null 2>&1 ||
+      { echo "setup: the workload wrote no profile for $build_tree into $pgo_dir/profile" >&2; exit 1; }
     rm -rf "$pgo_dir/instrumented"
     echo "$key" > "$pgo_dir/key"
     echo "setup: profile-guided build, 2 of 2: the library installed, from the profile"
   fi
   pgo=(-C cmake.define.DTR_PGO=use -C cmake.define.DTR_PGO_DIR="$pgo_dir/profile")
+else
+  echo "setup: building without profile-guided optimization ($([ "${PGO:-1}" = 0 ] && echo PGO=0 || echo "${CXX:-c++} is not GCC"))"
 fi
 pip_q install --no-build-isolation -C build-dir="$build_tree" "${pgo[@]}" .
 if [ ${#pgo[@]} -gt 0 ]; then

@@ -189,13 +189,16 @@ def test_activation_runs_table(tmp_path):
     binds and at half its activations, each against the plain process of its round. Both train
     (the chain trains down to r = 0.1 in dtr-sim), bit-identical and within budget (a cell says
     otherwise in words), and the budgeted run rematerializes. With --against, the same blocks under
-    a second build (here the installed package again, from its directory) in the same rounds."""
+    a second build in the same rounds: here a copy of the installed package, which the harness
+    checks its runs loaded (bench/activation_runs.py check_library)."""
     import importlib.util
-    package_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("dtr").origin))
+    import shutil
+    package_dir = tmp_path / "other"
+    shutil.copytree(os.path.dirname(importlib.util.find_spec("dtr").origin), package_dir / "dtr")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTR_") and k != "LD_PRELOAD"}
     out = tmp_path / "activation_runs.md"
     r = subprocess.run([PY, os.path.join(REPO, "bench", "activation_runs.py"), "--models", "chain", "--rounds", "2",
-                        "--warmup", "1", "--steps", "2", "--ratios", "0.5", "--against", package_dir, "--out", str(out)],
+                        "--warmup", "1", "--steps", "2", "--ratios", "0.5", "--against", str(package_dir), "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     text = out.read_text()
@@ -244,6 +247,19 @@ def test_activation_runs_cells_say_what_went_wrong():
     slow = dict(ok, median_step_cpu_seconds=0.014)
     assert ar.render_cell(ar.cell([slow], [plain], 1000), "chain", 0.5).startswith("**1.40x**")
     assert ar.render_cell(ar.cell([slow], [plain], 1000), "treelstm", 0.5).startswith("1.40x")
+
+
+
+def test_activation_runs_refuses_a_run_of_the_wrong_build(tmp_path):
+    """With --against, a run that loaded another build's library than its runner preloads would
+    compare a build with itself: the harness stops instead."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import types
+    import activation_runs as ar
+    runner = types.SimpleNamespace(lib=str(tmp_path / "a" / "dtr" / "lib" / "libdtr.so"))
+    ar.check_library(runner, {"dtr_library": str(tmp_path / "a" / "dtr" / "lib" / "libdtr_torch.so")})
+    with pytest.raises(SystemExit, match="ran .*/b/dtr/lib/libdtr_torch.so"):
+        ar.check_library(runner, {"dtr_library": str(tmp_path / "b" / "dtr" / "lib" / "libdtr_torch.so")})
 
 
 def test_op_overhead_reports_each_mode_against_plain():
