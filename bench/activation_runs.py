@@ -26,8 +26,8 @@ that one's: a change measured side by side, on the same plain runs.
 
   python bench/activation_runs.py [--models a,b] [--ratios 0.5,0.3] [--rounds 5] [--against DIR] [--out FILE]
 """
-import copy
 import argparse
+import copy
 import os
 import statistics
 import sys

@@ -70,13 +70,14 @@ if command -v ccache >/dev/null; then
 fi
 build_tree=build/py-torch$TORCH_VERSION
 pgo=()
-if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free Software Foundation"; then
+cxx=${CXX:-c++}  # what CMake compiles with
+if [ "${PGO:-1}" != 0 ] && "$cxx" --version 2>/dev/null | grep -q "Free Software Foundation"; then
   pgo_dir=$PWD/build/pgo-torch$TORCH_VERSION
   # The profile is kept while nothing it was made from changes: the library's sources and build
   # files (not its notes), the workload, the compiler, flags from the environment, torch (its
   # build: CUDA or CPU), nvcc (the CUDA adapter) and where the build tree is (GCC names each
   # profile file after its object's absolute path).
-  key=$( { "${CXX:-c++}" --version | head -1; "$VENV_PY" -c 'import torch; print("torch", torch.__version__)'
+  key=$( { "$cxx" --version | head -1; "$VENV_PY" -c 'import torch; print("torch", torch.__version__)'
            echo "$PWD/$build_tree ${CXXFLAGS:-} ${CFLAGS:-} ${LDFLAGS:-} ${CMAKE_ARGS:-} $(command -v nvcc || true)"
            find runtime allocator hooks cmake -type f \( -name '*.cc' -o -name '*.h' -o -name '*.c' -o -name '*.cmake' \
              -o -name '*.in' -o -name CMakeLists.txt \) -print0 | sort -z | xargs -0 sha1sum
@@ -98,7 +99,7 @@ if [ "${PGO:-1}" != 0 ] && "${CXX:-c++}" --version 2>/dev/null | grep -q "Free S
   fi
   pgo=(-C cmake.define.DTR_PGO=use -C cmake.define.DTR_PGO_DIR="$pgo_dir/profile")
 else
-  echo "setup: building without profile-guided optimization ($([ "${PGO:-1}" = 0 ] && echo PGO=0 || echo "${CXX:-c++} is not GCC"))"
+  echo "setup: building without profile-guided optimization ($([ "${PGO:-1}" = 0 ] && echo PGO=0 || echo "$cxx is not GCC"))"
 fi
 pip_q install --no-build-isolation -C build-dir="$build_tree" "${pgo[@]}" .
 if [ ${#pgo[@]} -gt 0 ]; then

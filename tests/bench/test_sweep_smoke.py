@@ -249,7 +249,6 @@ def test_activation_runs_cells_say_what_went_wrong():
     assert ar.render_cell(ar.cell([slow], [plain], 1000), "treelstm", 0.5).startswith("1.40x")
 
 
-
 def test_activation_runs_refuses_a_run_of_the_wrong_build(tmp_path):
     """With --against, a run that loaded another build's library than its runner preloads would
     compare a build with itself: the harness stops instead."""
