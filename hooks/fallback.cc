@@ -1,7 +1,8 @@
 // The boxed fallback on DispatchKey::Fake: Engine::Fallback sees every op the program runs,
 // records functional ops as recipes (Note [Recording without knowing the outputs]), makes their
 // inputs resident, routes mutations through Runtime::Mutate and views through Runtime::Access.
-// RegisterFallback installs it for the whole process.
+// RegisterFallback installs it for the whole process, and lets the aten views that read no element
+// pass dtr's key by (Note [Views the dispatcher passes by]).
 //
 // Note [Recording without knowing the outputs]
 // Runtime::Compute needs the number and sizes of the outputs before it runs the op, which the
@@ -669,7 +670,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 // the view still moves the limit's window by one op and counts towards the next Sweep. The peak
 // watch has nothing to see: a view adds no record, so the runtime's memory cannot rise. CUDA keeps
 // the general path (its stream bookkeeping, Note [Streams of evictable memory], sees every op),
-// unmeasured on a GPU so far.
+// unmeasured on a GPU so far. Since stop 86 aten's views that read no element do not reach the
+// fallback at all (Note [Views the dispatcher passes by]): this path serves the other views.
 bool Engine::ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack,
                              const c10::IValue* args, size_t nargs, const OpInfo& info) {
   Busy busy(this);  // EntryOf may report a foreign storage's death
@@ -856,6 +858,53 @@ void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 
 }  // namespace
 
+// Note [Views the dispatcher passes by]
+// A view makes a tensor of new sizes, strides and offset over its operand's storage; it reads
+// no element. A third or more of the ops the small-op benchmark models send through the fallback
+// are views (a training step of the TreeLSTM: 666 of 1,683 ops, 280 of them `t` and 220
+// `detach`; the chain 519 of 1,566, the LSTM 383 of 1,029, the Transformer 385 of 985), and even
+// Note [Views on a short path] cost each about 2,000 instructions over a plain run: the boxing
+// (the dispatcher copies the arguments, and on torch 2.14 a tensor only Python held takes the
+// GIL twice for it), the engine lock, the holds and the touch. So the aten views below, whose
+// kernels read only metadata (the storage's size included, which an evicted storage keeps: its
+// memory is swapped for a tombstone, Engine::Release), have a fallthrough kernel on dtr's key:
+// the dispatcher goes past dtr for them as in a plain run, and dtr sees their results when an op
+// reads them, the storage being the operand's. What that changes (the trace has no line for a
+// view, so dtr-sim has always treated views so):
+// - a view of an evicted storage no longer brings it back; the op that reads the view does, as
+//   it would for any tensor of that storage, and a view nothing reads costs no replay;
+// - a view no longer counts as a use of its storage (staleness, Note [Thrashing
+//   rematerializations]'s count of replays for one op) nor as an op of the recomputation limit's
+//   window (Note [Recomputation limit]); the op that reads the view does both;
+// - a storage first seen through a view is registered (a constant, EntryOf) when an op reads it.
+// Only ops whose schema, in the running torch, Classify calls views are passed by; any other
+// view (a custom op's, one not listed) takes the fallback's path for views as before. The
+// dispatcher keeps the registrations for the life of the process, as it keeps the fallback.
+static void PassViewsBy(c10::Dispatcher& d) {
+  static constexpr const char* kMetadataOnlyViews[][2] = {
+      {"aten::view", ""},           {"aten::t", ""},
+      {"aten::transpose", "int"},   {"aten::permute", ""},
+      {"aten::expand", ""},         {"aten::select", "int"},
+      {"aten::slice", "Tensor"},    {"aten::split", "Tensor"},
+      {"aten::split_with_sizes", ""}, {"aten::unbind", "int"},
+      {"aten::squeeze", ""},        {"aten::squeeze", "dim"},
+      {"aten::squeeze", "dims"},    {"aten::unsqueeze", ""},
+      {"aten::detach", ""},         {"aten::alias", ""},
+      {"aten::as_strided", ""},     {"aten::diagonal", ""},
+      {"aten::unfold", ""},         {"aten::_reshape_alias", ""},
+      {"aten::view_as_real", ""},   {"aten::view_as_complex", ""},
+  };
+  static auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+  for (const auto& [name, overload] : kMetadataOnlyViews) {
+    const c10::OperatorName op_name(name, overload);
+    std::optional<c10::OperatorHandle> op = d.findSchema(op_name);
+    if (!op || Classify(op->schema(), /*record_empty=*/false).kind != Kind::kView) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::Fake)) continue;  // someone else's: leave it
+    handles->push_back(d.registerImpl(op_name, c10::DispatchKey::Fake, c10::KernelFunction::makeFallthrough(),
+                                      std::nullopt, nullptr, "dtr: Note [Views the dispatcher passes by]"));
+  }
+}
+
 absl::Status RegisterFallback() {
   c10::Dispatcher& d = c10::Dispatcher::singleton();
   // A second registration would throw (or abort, from a static initializer): check first.
@@ -870,6 +919,7 @@ absl::Status RegisterFallback() {
       d.registerFallback(c10::DispatchKey::Fake, c10::KernelFunction::makeFromBoxedFunction<&BoxedFallback>(),
                          "dtr: hooks/fallback.cc"));
   (void)handle;
+  PassViewsBy(d);
   return absl::OkStatus();
 }
 

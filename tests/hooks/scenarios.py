@@ -452,27 +452,36 @@ def counting_short_views(key, make):
 
 
 def views_both_paths():
-    """Note [Views on a short path]: a view of a resident storage dtr tracks takes the short path
-    (numpy's memory included: torch.from_numpy's lift_fresh, a view, registered it); a view of an
-    evicted one (brought back for it) or of memory no op has read yet (registered by the view)
+    """Note [Views the dispatcher passes by]: aten's views that read no element (t, view, select,
+    unsqueeze, expand, ...) go past dtr's key: none takes a path of dtr's, and one of an evicted
+    storage leaves it evicted (the op that reads the view brings it back). Note [Views on a short
+    path]: any other view (view.dtype here) of a resident storage dtr tracks takes the short path
+    (numpy's memory included: torch.from_numpy's lift_fresh, a view, registered it); one of an
+    evicted storage (brought back for it) or of memory no op has read yet (registered by the view)
     takes the general path. Every result reads back as plain PyTorch computes it, a resolved conj
     view's too."""
     import numpy as np
     torch.manual_seed(5)
     w = torch.randn(32, 32)
     y = (torch.randn(32, 32) @ w).tanh()
-    resident = counting_short_views("resident", lambda: [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)])
+    passed = counting_short_views("passed", lambda: [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)])
+    resident = counting_short_views("resident", lambda: [y.view(torch.int32), y[5].view(torch.int32)])
     evict_all()
-    evicted = counting_short_views("evicted", lambda: y.t())  # y comes back for it
+    remats = json.loads(torch.ops.dtr.stats())["rematerializations"] if DTR else 0
+    passed_evicted = counting_short_views("passed evicted", lambda: y.t())  # y stays evicted
+    if DTR:
+        EXTRA["brought back by a passed view"] = json.loads(torch.ops.dtr.stats())["rematerializations"] - remats
+    evicted = counting_short_views("evicted", lambda: y.view(torch.int32))  # y comes back for it
     n = torch.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8))  # registered, a constant
-    foreign = counting_short_views("foreign", lambda: n.t())
+    foreign = counting_short_views("foreign", lambda: n.view(torch.int32))
     # No op has read empty's result yet: the view registers it.
-    unseen = counting_short_views("unseen", lambda: torch.empty(8, 8).t())
-    unseen.fill_(3.0)
+    unseen = counting_short_views("unseen", lambda: torch.empty(8, 8).view(torch.int32))
+    unseen.fill_(3)
     c = torch.randn(8, 8, dtype=torch.cfloat) * 2
     resolved = c.conj().resolve_conj()
-    outs = [r @ w if r.dim() == 2 else r * 2 for r in resident] + [evicted @ w, foreign * 3, unseen * 1,
-                                                                     torch.view_as_real(resolved) + 1]
+    outs = ([r @ w if r.dim() == 2 else r * 2 for r in passed] + [passed_evicted @ w] +
+            [r.bitwise_xor(7) for r in resident] +
+            [evicted.bitwise_xor(7), foreign.bitwise_xor(7), unseen * 1, torch.view_as_real(resolved) + 1])
     return {"outs": [dg(o) for o in outs]}
 
 

@@ -60,13 +60,35 @@ def test_deaths_released_at_once_come_back_bit_identical():
 
 
 def test_views_take_the_short_path_only_when_they_may():
-    """Note [Views on a short path]: views of resident tracked storages (numpy's included) skip the
-    general path, one of an evicted storage (brought back) or of one no op has read (registered)
-    does not, and every result is bit-identical to the plain run's."""
+    """Note [Views the dispatcher passes by]: aten's metadata-only views take no path of dtr's, and
+    one of an evicted storage leaves it evicted. Note [Views on a short path]: other views of
+    resident tracked storages (numpy's included) skip the general path, one of an evicted storage
+    (brought back) or of one no op has read (registered) does not. Every result is bit-identical
+    to the plain run's."""
     res, _ = scenario("views_both_paths", True)
     assert res["out"] == plain("views_both_paths")
-    assert res["extra"] == {"resident": 5, "evicted": 0, "foreign": 1, "unseen": 0}, res["extra"]
+    assert res["extra"] == {"passed": 0, "resident": 2, "passed evicted": 0, "brought back by a passed view": 0,
+                            "evicted": 0, "foreign": 1, "unseen": 0}, res["extra"]
     assert res["dtr"]["rematerializations"] > 0, res["dtr"]
+
+
+def test_metadata_only_views_pass_dtr_by():
+    """Note [Views the dispatcher passes by]: once dtr is active, the listed aten views have a
+    fallthrough kernel on dtr's key (the dispatcher skips dtr for them, as in a plain run); an op
+    that reads elements, and a view left off the list, have none (they reach the fallback)."""
+    code = (
+        "import torch, dtr\n"
+        "dtr.enable(budget='1TiB')\n"
+        "ft = torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough\n"
+        "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
+        "for op in ('aten::t', 'aten::view', 'aten::detach', 'aten::select.int', 'aten::slice.Tensor',\n"
+        "           'aten::transpose.int', 'aten::expand', 'aten::split.Tensor', 'aten::unsqueeze', 'aten::permute'):\n"
+        "    assert has(op, 'Fake') and ft(op, 'Fake'), op\n"
+        "for op in ('aten::mm', 'aten::add.Tensor', 'aten::view.dtype', 'aten::lift_fresh', 'aten::copy_'):\n"
+        "    assert not has(op, 'Fake'), op\n"
+        "print('ok')\n")
+    r = run([PY, "-c", code])
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("rule,name,must_differ", [
