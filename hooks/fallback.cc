@@ -671,7 +671,8 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 // watch has nothing to see: a view adds no record, so the runtime's memory cannot rise. CUDA keeps
 // the general path (its stream bookkeeping, Note [Streams of evictable memory], sees every op),
 // unmeasured on a GPU so far. Since stop 86 aten's views that read no element do not reach the
-// fallback at all (Note [Views the dispatcher passes by]): this path serves the other views.
+// fallback at all, on the CPU or a GPU (Note [Views the dispatcher passes by]; a view enqueues no
+// work on a stream): this path serves the other views.
 bool Engine::ViewOnShortPath(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack,
                              const c10::IValue* args, size_t nargs, const OpInfo& info) {
   Busy busy(this);  // EntryOf may report a foreign storage's death
@@ -863,9 +864,10 @@ void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 // no element. A third or more of the ops the small-op benchmark models send through the fallback
 // are views (a training step of the TreeLSTM: 666 of 1,683 ops, 280 of them `t` and 220
 // `detach`; the chain 519 of 1,566, the LSTM 383 of 1,029, the Transformer 385 of 985), and even
-// Note [Views on a short path] cost each about 2,000 instructions over a plain run: the boxing
-// (the dispatcher copies the arguments, and on torch 2.14 a tensor only Python held takes the
-// GIL twice for it), the engine lock, the holds and the touch. So the aten views below, whose
+// Note [Views on a short path] cost each up to 2,000 instructions over a plain run (about 1,100 on
+// the TreeLSTM and the chain: runtime/README.md, stop 86): the boxing (the dispatcher copies the
+// arguments, and on torch 2.14 a tensor only Python held takes the GIL twice for it), the engine
+// lock, the holds and the touch. So the aten views below, whose
 // kernels read only metadata (the storage's size included, which an evicted storage keeps: its
 // memory is swapped for a tombstone, Engine::Release), have a fallthrough kernel on dtr's key:
 // the dispatcher goes past dtr for them as in a plain run, and dtr sees their results when an op
