@@ -878,7 +878,10 @@ void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 // - a view no longer counts as a use of its storage (staleness, Note [Thrashing
 //   rematerializations]'s count of replays for one op) nor as an op of the recomputation limit's
 //   window (Note [Recomputation limit]); the op that reads the view does both;
-// - a storage first seen through a view is registered (a constant, EntryOf) when an op reads it.
+// - a storage first seen through a view is registered (a constant, EntryOf) when an op reads it;
+// - a fallthrough does not exclude dtr's key below it as the fallback does, so the ops a view's
+//   kernel calls reach dtr as ops of their own (a sparse tensor's `t` clones it and transposes
+//   the clone in place), handled as any other.
 // Only ops whose schema, in the running torch, Classify calls views are passed by; any other
 // view (a custom op's, one not listed) takes the fallback's path for views as before. The
 // dispatcher keeps the registrations for the life of the process, as it keeps the fallback.
