@@ -867,9 +867,9 @@ void BoxedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 // Note [Views on a short path] cost each up to 2,000 instructions over a plain run (about 1,100 on
 // the TreeLSTM and the chain: runtime/README.md, stop 86): the boxing (the dispatcher copies the
 // arguments, and on torch 2.14 a tensor only Python held takes the GIL twice for it), the engine
-// lock, the holds and the touch. So the aten views below, whose
-// kernels read only metadata (the storage's size included, which an evicted storage keeps: its
-// memory is swapped for a tombstone, Engine::Release), have a fallthrough kernel on dtr's key:
+// lock, the holds and the touch. So the aten views below, whose kernels read only metadata (the
+// storage's size included, which an evicted storage keeps: its memory is swapped for a
+// tombstone, Engine::Release), have a fallthrough kernel on dtr's key:
 // the dispatcher goes past dtr for them as in a plain run, and dtr sees their results when an op
 // reads them, the storage being the operand's. What that changes (the trace has no line for a
 // view, so dtr-sim has always treated views so):

@@ -441,14 +441,22 @@ def deep_recipes():
 EXTRA = {}
 
 
+def dtr_counter(name):
+    """One of torch.ops.dtr.stats()'s counters (0 without dtr)."""
+    return json.loads(torch.ops.dtr.stats())[name] if DTR else 0
+
+
+def counting(key, counter, make):
+    """make()'s result; EXTRA[key] is how far dtr's `counter` moved while it ran."""
+    before = dtr_counter(counter)
+    out = make()
+    EXTRA[key] = dtr_counter(counter) - before
+    return out
+
+
 def counting_short_views(key, make):
     """make()'s result; EXTRA[key] is how many of its views took Note [Views on a short path]."""
-    def short_views():
-        return json.loads(torch.ops.dtr.stats())["views_on_short_path"] if DTR else 0
-    before = short_views()
-    out = make()
-    EXTRA[key] = short_views() - before
-    return out
+    return counting(key, "views_on_short_path", make)
 
 
 def views_both_paths():
@@ -467,10 +475,8 @@ def views_both_paths():
     passed = counting_short_views("passed", lambda: [y.t(), y.view(-1), y[3], y.unsqueeze(0).expand(2, 32, 32)])
     resident = counting_short_views("resident", lambda: [y.view(torch.int32), y[5].view(torch.int32)])
     evict_all()
-    remats = json.loads(torch.ops.dtr.stats())["rematerializations"] if DTR else 0
-    passed_evicted = counting_short_views("passed evicted", lambda: y.t())  # y stays evicted
-    if DTR:
-        EXTRA["brought back by a passed view"] = json.loads(torch.ops.dtr.stats())["rematerializations"] - remats
+    passed_evicted = counting("brought back by a passed view", "rematerializations",  # y stays evicted
+                              lambda: counting_short_views("passed evicted", lambda: y.t()))
     evicted = counting_short_views("evicted", lambda: y.view(torch.int32))  # y comes back for it
     n = torch.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8))  # registered, a constant
     foreign = counting_short_views("foreign", lambda: n.view(torch.int32))
