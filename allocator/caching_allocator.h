@@ -187,17 +187,19 @@ class CachingAllocator {
                                      Pool pool, Stream stream, absl::Span<Segment* const> donors = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
-  // needs]) enough for at least `at_least` bytes; returns the bytes released.
-  size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // needs]) enough for at least `at_least` bytes; returns the bytes released. With
+  // `resizable_last`, segments the backend can resize are taken only where the others cannot
+  // cover `at_least` (Note [Small requests keep resizable segments]).
+  size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr,
+                                     bool resizable_last = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After the backend resized `segment` into `memory` (of `segment_size` bytes): the segment
   // replaced on the books and the requested block handed out; null if the resize failed.
   void* ResizedIntoBlockLocked(const absl::StatusOr<void*>& memory, Segment* segment, size_t segment_size,
                                size_t rounded, size_t requested, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The segments ReleaseCachedSegmentsLocked(at_least, keep) releases.
-  std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segments ReleaseCachedSegmentsLocked(at_least, keep, resizable_last) releases.
+  std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep,
+                                                      bool resizable_last = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Releasable segments by size]: builds releasable_by_size_ at its first use.
   void IndexReleasableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse]: whether rung 1 must not hand out a free block of
@@ -230,7 +232,8 @@ class CachingAllocator {
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   size_t releasable_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Note [Releasable bytes]
   // The segments counted in releasable_bytes_, by size, then base (Note [Releasable segments by size]).
-  absl::btree_map<std::pair<size_t, uintptr_t>, Segment*> releasable_by_size_ ABSL_GUARDED_BY(mu_);
+  using ReleasableIndex = absl::btree_map<std::pair<size_t, uintptr_t>, Segment*>;
+  ReleasableIndex releasable_by_size_ ABSL_GUARDED_BY(mu_);
   bool releasable_indexed_ ABSL_GUARDED_BY(mu_) = false;  // releasable_by_size_ built and kept
   uint64_t hand_out_clock_ ABSL_GUARDED_BY(mu_) = 0;  // blocks handed out so far
   ResizeGate resize_gate_ ABSL_GUARDED_BY(mu_);       // Note [Undone resizes]

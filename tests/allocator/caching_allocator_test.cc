@@ -705,6 +705,41 @@ TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResi
   }
 }
 
+// Note [Small requests keep resizable segments]: a request the backend cannot resize releases
+// the cached segments it cannot resize either, the largest first, where they cover the shortfall,
+// though a resizable one would cover it alone; the resizable one stays cached for a large request.
+// Where they do not cover it, the smallest that covers it alone goes, as before.
+TEST(RetryLadderTest, Rung4KeepsResizableSegmentsForRequestsThatCannotUseTheirPages) {
+  struct Case {
+    size_t budget;
+    std::initializer_list<size_t> cached;
+    int64_t frees;
+    bool resizable_kept;
+  };
+  // Resizing from 8 KiB, 8 KiB in use, a 6 KiB request (not resizable).
+  for (const Case& c : {Case{32 * kKiB, {4 * kKiB, 4 * kKiB, 16 * kKiB}, 2, true},   // 6 short: 4 + 4 cover it
+                        Case{28 * kKiB, {2 * kKiB, 16 * kKiB}, 1, false}}) {          // 4 short: 2 does not
+    SCOPED_TRACE(::testing::Message() << "budget " << c.budget);
+    CachedSegments heap(c.budget, 8 * kKiB, c.cached, /*resizable_from=*/8 * kKiB);
+    void* sixteen = heap.cached.back();
+    ASSERT_TRUE(heap.allocator->Allocate(6 * kKiB).ok());
+    AllocatorStats stats = heap.allocator->GetStats();
+    EXPECT_EQ(stats.num_segment_frees, c.frees);
+    EXPECT_EQ(stats.num_segment_resizes, 0);
+    EXPECT_LE(stats.reserved_bytes.peak, int64_t(c.budget));
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+    // The 16 KiB segment, if kept, serves its size again without a new segment.
+    const int64_t allocs = stats.num_segment_allocs;
+    absl::StatusOr<void*> again = heap.allocator->Allocate(16 * kKiB);
+    if (c.resizable_kept) {
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(*again, sixteen);
+      EXPECT_EQ(heap.allocator->GetStats().num_segment_allocs, allocs);
+    }
+    DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+  }
+}
+
 // Note [Recycling a cached segment]: with a backend that can resize, rung 4 turns a cached
 // segment into the one a request needs instead of releasing and allocating: the smallest at
 // least as large, shrunk, else the largest whose release makes room, grown.
