@@ -288,7 +288,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, Stream stream) {
           // Note [Small requests keep resizable segments]
           const bool request_resizable = backend_->CanResize(segment, segment);
           released += ReleaseCachedSegmentsLocked(reserved_after + segment - budget_bytes_, nullptr,
-                                                  /*resizable_last=*/!request_resizable);
+                                                  /*prefer_unresizable=*/!request_resizable);
         }
         Attempt attempt = TryAllocateLocked(rounded, bytes, pool, stream);
         if (attempt.ptr != nullptr) return attempt.ptr;
@@ -792,7 +792,8 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
 // asked for were mapped again and their pages faulted in again by the kernels: DenseNet at a
 // budget equal to its peak ran its ops 19% slower than under a budget that never binds
 // (runtime/README.md). So it first releases only what the request needs: the smallest cached
-// segment that covers the shortfall alone, else the largest ones until they do. Everything is
+// segment that covers the shortfall alone, else the largest ones until they do (for a request the
+// backend cannot resize, Note [Small requests keep resizable segments] below). Everything is
 // released only if that was not enough (or the backend itself failed).
 //
 // Note [Small requests keep resizable segments]
@@ -804,7 +805,8 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
 // faults in a fresh one. The smallest segment that covers the shortfall alone was often such a
 // one, so small requests under a binding budget emptied the cache of its large segments: the
 // CPU LSTM at half its activations unmapped and mapped again about 3.6 large segments a step and
-// faulted 270 pages a step against 33 under a budget that never binds; the Transformer about 10.
+// faulted 270-316 pages a step (two runs) against 33 under a budget that never binds; the
+// Transformer unmapped about 10 large segments a step.
 // So for such a request, when the smallest segment covering the shortfall is resizable, the
 // segments that are not (the largest first) are released instead if they cover it; else the
 // choice is as before. The memory they give back is where malloc finds the new small segment's.
@@ -813,9 +815,9 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
 // 2,122 and 3,184 -> 2,938, UNet 890 -> 681 and 2,112 -> 1,996; the Transformer, the TreeLSTM and
 // the chain as before (the Transformer's small requests still find too few small segments, the
 // others' tensors are all small). With a backend that resizes nothing (CUDA) the choice is as before.
-size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least, const Segment* keep, bool resizable_last) {
+size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least, const Segment* keep, bool prefer_unresizable) {
   size_t released = 0;
-  for (Segment* segment : CachedSegmentsToReleaseLocked(at_least, keep, resizable_last)) {
+  for (Segment* segment : CachedSegmentsToReleaseLocked(at_least, keep, prefer_unresizable)) {
     released += segment->size;
     ReleaseSegmentLocked(segment);
   }
@@ -824,7 +826,7 @@ size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least, const Segm
 
 std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleaseLocked(size_t at_least,
                                                                                         const Segment* keep,
-                                                                                        bool resizable_last) {
+                                                                                        bool prefer_unresizable) {
   std::vector<Segment*> releasable;
   if (at_least == SIZE_MAX) {
     for (auto& [base, segment] : segments_) {
@@ -832,12 +834,12 @@ std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleas
     }
     return releasable;
   }
-  // Note [Releasable segments by size]. The smallest that covers the shortfall alone (of equal
-  // sizes, the highest address)...
   IndexReleasableLocked();
   // The segments below `end` but `keep`, and with `unresizable_only` those the backend cannot
   // resize, the largest first (of equal sizes, the lowest address first), until they cover
-  // at_least; whether they do.
+  // at_least; whether they do. (In rung 4 the check skips nothing on the host: a request the
+  // backend cannot resize has a shortfall no larger than its own segment, and HostBackend resizes
+  // nothing smaller than that.)
   auto largest_first = [&](ReleasableIndex::iterator end, bool unresizable_only) {
     size_t sum = 0;
     for (auto group_end = end; sum < at_least && group_end != releasable_by_size_.begin();) {
@@ -853,11 +855,13 @@ std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleas
     }
     return sum >= at_least;
   };
+  // Note [Releasable segments by size]. The smallest that covers the shortfall alone (of equal
+  // sizes, the highest address)...
   auto one = releasable_by_size_.lower_bound({at_least, 0});
   while (one != releasable_by_size_.end() && one->second == keep) ++one;
   // Note [Small requests keep resizable segments]: rather the smaller ones the backend cannot
   // resize, if they cover it, than a resizable one alone.
-  if (resizable_last && one != releasable_by_size_.end() && backend_->CanResize(one->first.first, one->first.first)) {
+  if (prefer_unresizable && one != releasable_by_size_.end() && backend_->CanResize(one->first.first, one->first.first)) {
     if (largest_first(one, /*unresizable_only=*/true)) return releasable;
     releasable.clear();
   }

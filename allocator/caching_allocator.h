@@ -188,18 +188,19 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
   // needs]) enough for at least `at_least` bytes; returns the bytes released. With
-  // `resizable_last`, segments the backend can resize are taken only where the others cannot
-  // cover `at_least` (Note [Small requests keep resizable segments]).
+  // `prefer_unresizable`, where the smallest segment that covers `at_least` alone is one the
+  // backend can resize, the smaller ones it cannot resize go instead if they cover it (Note
+  // [Small requests keep resizable segments]).
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr,
-                                     bool resizable_last = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                     bool prefer_unresizable = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After the backend resized `segment` into `memory` (of `segment_size` bytes): the segment
   // replaced on the books and the requested block handed out; null if the resize failed.
   void* ResizedIntoBlockLocked(const absl::StatusOr<void*>& memory, Segment* segment, size_t segment_size,
                                size_t rounded, size_t requested, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The segments ReleaseCachedSegmentsLocked(at_least, keep, resizable_last) releases.
+  // The segments ReleaseCachedSegmentsLocked(at_least, keep, prefer_unresizable) releases.
   std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep,
-                                                      bool resizable_last = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                                      bool prefer_unresizable = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Releasable segments by size]: builds releasable_by_size_ at its first use.
   void IndexReleasableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Exact reuse]: whether rung 1 must not hand out a free block of

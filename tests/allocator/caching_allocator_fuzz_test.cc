@@ -82,8 +82,9 @@ void RunOneSeed(uint64_t seed, int steps, FuzzTotals& totals) {
   const size_t capacity = rng() % 4 == 0 ? (16 + rng() % 64) * kMiB : SIZE_MAX;
   FakeBackend backend(capacity);
   backend.set_resizable(rng() % 2 == 0);  // Note [Recycling a cached segment]
-  // Resizable only from 64 KiB to 32 MiB, as HostBackend from its map threshold: requests below it
-  // release the segments it cannot resize first (Note [Small requests keep resizable segments]).
+  // Sometimes resizable only from a size drawn from 64 KiB to 32 MiB, as HostBackend from its map
+  // threshold: requests below it prefer to release the segments it cannot resize (Note [Small
+  // requests keep resizable segments]). (Matters where set_resizable(true) was drawn.)
   if (rng() % 2 == 0) backend.set_resizable_from(size_t{1} << (16 + rng() % 10));
   if (rng() % 2 == 0) backend.set_page_bytes(size_t{4} << (rng() % 10));  // Note [Splitting a cached segment]
   auto allocator = MakeAllocator(config, &backend);
