@@ -808,20 +808,49 @@ void CachingAllocator::ForgetSegmentLocked(Segment* segment) {
 // faulted 270-316 pages a step (two runs) against 33 under a budget that never binds; the
 // Transformer unmapped about 10 large segments a step.
 // So for such a request, when the smallest segment covering the shortfall is resizable, the
-// segments that are not (the largest first) are released instead if they cover it; else the
-// choice is as before. The memory they give back is where malloc finds the new small segment's.
-// Pages faulted a step, one real run each way (torch 2.14.1, CPU, r of the activations): the LSTM
-// 316 -> 249 at r = 0.5 and 928 -> 801 at 0.3, ResNet 581 -> 464 and 710 -> 402, DenseNet 2,354 ->
-// 2,122 and 3,184 -> 2,938, UNet 890 -> 681 and 2,112 -> 1,996; the Transformer, the TreeLSTM and
-// the chain as before (the Transformer's small requests still find too few small segments, the
-// others' tensors are all small). With a backend that resizes nothing (CUDA) the choice is as before.
+// segments that are not (the largest first) are released instead if they cover it; else that
+// resizable segment is shrunk by the shortfall (rounded up to the block size) and stays cached,
+// giving up only the pages of its tail, and is released whole only where the backend cannot
+// shrink it that far (below its map threshold). The memory the small ones give back is where
+// malloc finds the new small segment's.
+// Pages faulted a step, one real run each way (torch 2.14.1, CPU, r of the activations), before
+// and with both rules: the LSTM 340 -> 236 at r = 0.5 and 894 -> 531 at 0.3, ResNet 526 -> 326
+// (its level under a budget that never binds: 318) and 644 -> 393, DenseNet 2,179 -> 1,821 and
+// 2,779 -> 2,715, UNet 868 -> 817 and 2,162 -> 1,384, the Transformer 422 -> 422 and 644 -> 487;
+// the TreeLSTM and the chain, whose tensors are all small, as before. With a backend that resizes
+// nothing (CUDA) the choice is as before.
 size_t CachingAllocator::ReleaseCachedSegmentsLocked(size_t at_least, const Segment* keep, bool prefer_unresizable) {
+  const std::vector<Segment*> chosen = CachedSegmentsToReleaseLocked(at_least, keep, prefer_unresizable);
+  // Note [Small requests keep resizable segments]: a resizable one chosen alone gives up what
+  // is needed, not all of itself.
+  if (prefer_unresizable && chosen.size() == 1) {
+    if (const size_t given_back = ShrinkCachedSegmentLocked(chosen[0], at_least)) return given_back;
+  }
   size_t released = 0;
-  for (Segment* segment : CachedSegmentsToReleaseLocked(at_least, keep, prefer_unresizable)) {
+  for (Segment* segment : chosen) {
     released += segment->size;
     ReleaseSegmentLocked(segment);
   }
   return released;
+}
+
+size_t CachingAllocator::ShrinkCachedSegmentLocked(Segment* segment, size_t by) {
+  const size_t old_size = segment->size;
+  if (by >= old_size) return 0;
+  const size_t new_size = (old_size - by) / config_.min_block_size * config_.min_block_size;
+  if (new_size == 0 || !backend_->CanResize(old_size, new_size)) return 0;
+  absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), old_size, new_size);
+  if (!memory.ok()) return 0;  // the segment is still there, as it was
+  const Pool pool = segment->pool;
+  const Stream stream = segment->stream;
+  const uint64_t last_hand_out = segment->last_hand_out;
+  ForgetSegmentLocked(segment);
+  ++stats_.num_segment_resizes;
+  Block* block = AddSegmentLocked(*memory, new_size, pool, stream);
+  block->segment->last_hand_out = last_hand_out;
+  free_blocks_[static_cast<int>(pool)].insert(block);
+  NoteReleasableLocked(block->segment);
+  return old_size - new_size;
 }
 
 std::vector<CachingAllocator::Segment*> CachingAllocator::CachedSegmentsToReleaseLocked(size_t at_least,

@@ -189,8 +189,8 @@ class CachingAllocator {
   // Releases fully free segments but `keep`, all of them or (Note [Releasing what a request
   // needs]) enough for at least `at_least` bytes; returns the bytes released. With
   // `prefer_unresizable`, where the smallest segment that covers `at_least` alone is one the
-  // backend can resize, the smaller ones it cannot resize go instead if they cover it (Note
-  // [Small requests keep resizable segments]).
+  // backend can resize, the smaller ones it cannot resize go instead if they cover it, else that
+  // one is shrunk where it can be (Note [Small requests keep resizable segments]).
   size_t ReleaseCachedSegmentsLocked(size_t at_least = SIZE_MAX, const Segment* keep = nullptr,
                                      bool prefer_unresizable = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After the backend resized `segment` into `memory` (of `segment_size` bytes): the segment
@@ -198,7 +198,12 @@ class CachingAllocator {
   void* ResizedIntoBlockLocked(const absl::StatusOr<void*>& memory, Segment* segment, size_t segment_size,
                                size_t rounded, size_t requested, Pool pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The segments ReleaseCachedSegmentsLocked(at_least, keep, prefer_unresizable) releases.
+  // Shrinks a fully free cached segment by at least `by` bytes (to a multiple of the block size)
+  // with the backend's Resize, keeping it cached; returns the bytes it gave up, 0 (the segment as
+  // it was) where the backend cannot (Note [Small requests keep resizable segments]).
+  size_t ShrinkCachedSegmentLocked(Segment* segment, size_t by) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segments ReleaseCachedSegmentsLocked(at_least, keep, prefer_unresizable) releases, before
+  // any shrink.
   std::vector<Segment*> CachedSegmentsToReleaseLocked(size_t at_least, const Segment* keep,
                                                       bool prefer_unresizable = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Releasable segments by size]: builds releasable_by_size_ at its first use.

@@ -707,36 +707,40 @@ TEST(RetryLadderTest, Rung4GrowsTheLowerOfEqualSizedSegmentsAndOnlyOnesItCanResi
 
 // Note [Small requests keep resizable segments]: a request the backend cannot resize releases
 // the cached segments it cannot resize either, the largest first, where they cover the shortfall,
-// though a resizable one would cover it alone; the resizable one stays cached for a large request.
-// Where they do not cover it, the smallest that covers it alone goes, as before.
+// though a resizable one would cover it alone; where they do not, the resizable one is shrunk by
+// the shortfall and stays cached, and is released whole only where it cannot be shrunk that far.
 TEST(RetryLadderTest, Rung4KeepsResizableSegmentsForRequestsThatCannotUseTheirPages) {
   struct Case {
     size_t budget;
-    std::initializer_list<size_t> cached;
-    int64_t frees;
-    bool resizable_kept;
+    std::initializer_list<size_t> cached;  // the last one resizable
+    int64_t frees, resizes;
+    size_t resizable_after;  // the resizable segment's size afterwards, 0: released
   };
-  // Resizing from 8 KiB, 8 KiB in use, a 6 KiB request (not resizable).
-  for (const Case& c : {Case{32 * kKiB, {4 * kKiB, 4 * kKiB, 16 * kKiB}, 2, true},   // 6 short: 4 + 4 cover it
-                        Case{28 * kKiB, {2 * kKiB, 16 * kKiB}, 1, false}}) {          // 4 short: 2 does not
+  // Resizing from and to 8 KiB or more, 8 KiB in use, a 6 KiB request (not resizable).
+  for (const Case& c : {Case{32 * kKiB, {4 * kKiB, 4 * kKiB, 16 * kKiB}, 2, 0, 16 * kKiB},  // 6 short: 4 + 4 cover it
+                        Case{28 * kKiB, {2 * kKiB, 16 * kKiB}, 0, 1, 12 * kKiB},             // 4 short: 16 -> 12
+                        Case{20 * kKiB, {2 * kKiB, 10 * kKiB}, 1, 0, 0}}) {                  // 6 short: 10 -> 4 cannot
     SCOPED_TRACE(::testing::Message() << "budget " << c.budget);
     CachedSegments heap(c.budget, 8 * kKiB, c.cached, /*resizable_from=*/8 * kKiB);
-    void* sixteen = heap.cached.back();
+    void* resizable = heap.cached.back();
     ASSERT_TRUE(heap.allocator->Allocate(6 * kKiB).ok());
     AllocatorStats stats = heap.allocator->GetStats();
     EXPECT_EQ(stats.num_segment_frees, c.frees);
-    EXPECT_EQ(stats.num_segment_resizes, 0);
+    EXPECT_EQ(stats.num_segment_resizes, c.resizes);
     EXPECT_LE(stats.reserved_bytes.peak, int64_t(c.budget));
+    EXPECT_EQ(heap.backend.counters().live_bytes, size_t(stats.reserved_bytes.current));
     DTR_EXPECT_OK(heap.allocator->CheckInvariants());
-    // The 16 KiB segment, if kept, serves its size again without a new segment.
-    const int64_t allocs = stats.num_segment_allocs;
-    absl::StatusOr<void*> again = heap.allocator->Allocate(16 * kKiB);
-    if (c.resizable_kept) {
+    // The resizable segment, if kept, serves its size again (at its address) without a new segment.
+    if (c.resizable_after != 0) {
+      const int64_t allocs = stats.num_segment_allocs;
+      absl::StatusOr<void*> again = heap.allocator->Allocate(c.resizable_after);
       ASSERT_TRUE(again.ok()) << again.status();
-      EXPECT_EQ(*again, sixteen);
+      EXPECT_EQ(*again, resizable);
       EXPECT_EQ(heap.allocator->GetStats().num_segment_allocs, allocs);
     }
     DTR_EXPECT_OK(heap.allocator->CheckInvariants());
+    heap.allocator->EmptyCache();
+    EXPECT_EQ(heap.backend.counters().bad_frees, 0);
   }
 }
 
