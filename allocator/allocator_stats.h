@@ -39,7 +39,9 @@ struct AllocatorStats {
   int64_t num_cache_hits = 0;      // rung 1: served from a cached free block
   int64_t num_segment_allocs = 0;  // rung 2: successful backend Allocate calls
   int64_t num_segment_frees = 0;   // backend Free calls (EmptyCache or rung 4)
-  int64_t num_segment_resizes = 0;  // rung 4: cached segments resized for a request (Note [Recycling a cached segment])
+  // rung 4: cached segments resized for a request (Note [Recycling a cached segment]) or shrunk to
+  // make room for one (Note [Small requests keep resizable segments])
+  int64_t num_segment_resizes = 0;
   int64_t num_segment_splits = 0;  // cached segments split instead of shrunk (Note [Splitting a cached segment])
   int64_t num_segment_donors = 0;  // cached segments whose pages a growing one took (Note [Growing into cached pages])
   int64_t num_backend_failures = 0;  // backend Allocate calls that failed (real OOM)
