@@ -51,6 +51,31 @@ TEST(HostBackendTest, ResizesMappedSegments) {
   EXPECT_EQ(backend.live_bytes(), 0u);
 }
 
+// Note [Small requests keep resizable segments]: rung 4 shrinks a cached segment by a shortfall,
+// to a size that need not be a multiple of the page: the head keeps its contents, live bytes
+// count the new size, and the segment grows and frees as usual afterwards.
+TEST(HostBackendTest, ShrinksToASizeThatIsNotAMultipleOfThePage) {
+  HostBackend backend(64);
+  const size_t bytes = 1 << 20, shrunk = (300 << 10) + 64;
+  absl::StatusOr<void*> p = backend.Allocate(bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::memset(*p, 0x5a, bytes);
+  ASSERT_TRUE(backend.CanResize(bytes, shrunk));
+  absl::StatusOr<void*> q = backend.Resize(*p, bytes, shrunk);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(*q, *p);
+  EXPECT_EQ(backend.live_bytes(), shrunk);
+  EXPECT_EQ(static_cast<unsigned char*>(*q)[shrunk - 1], 0x5a);
+  std::memset(*q, 0x11, shrunk);  // all of it is still writable
+  absl::StatusOr<void*> grown = backend.Resize(*q, shrunk, bytes);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(static_cast<unsigned char*>(*grown)[0], 0x11);
+  std::memset(*grown, 0x22, bytes);
+  EXPECT_EQ(backend.live_bytes(), bytes);
+  backend.Free(*grown, bytes);
+  EXPECT_EQ(backend.live_bytes(), 0u);
+}
+
 // DeviceMemoryBackend::CanResize is monotone in the old size (Note [Releasable segments by size],
 // caching_allocator.cc, relies on it): resizable from some size, resizable from every larger one.
 TEST(HostBackendTest, CanResizeIsMonotoneInTheOldSize) {
