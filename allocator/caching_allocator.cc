@@ -429,6 +429,14 @@ CachingAllocator::Block* CachingAllocator::AddSegmentLocked(void* memory, size_t
   return block;  // free, not in any free set; HandOutLocked takes it
 }
 
+void CachingAllocator::AddCachedSegmentLocked(void* memory, size_t size, Pool pool, Stream stream,
+                                              uint64_t last_hand_out) {
+  Block* block = AddSegmentLocked(memory, size, pool, stream);
+  block->segment->last_hand_out = last_hand_out;
+  free_blocks_[static_cast<int>(pool)].insert(block);
+  NoteReleasableLocked(block->segment);
+}
+
 // Note [Recycling a cached segment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Under a budget that binds, a request no cached segment serves (Note [Exact reuse]) releases
@@ -538,10 +546,8 @@ void* CachingAllocator::ResizeSegmentIntoBlockLocked(Segment* segment, size_t se
       const uint64_t last_hand_out = segment->last_hand_out;
       ForgetSegmentLocked(segment);
       ++stats_.num_segment_splits;
-      Block* rest = AddSegmentLocked(reinterpret_cast<void*>(base + *tail), size - *tail, tail_pool, tail_stream);
-      rest->segment->last_hand_out = last_hand_out;
-      free_blocks_[static_cast<int>(tail_pool)].insert(rest);
-      NoteReleasableLocked(rest->segment);
+      AddCachedSegmentLocked(reinterpret_cast<void*>(base + *tail), size - *tail, tail_pool, tail_stream,
+                             last_hand_out);
       return HandOutLocked(AddSegmentLocked(reinterpret_cast<void*>(base), segment_size, pool, stream), rounded,
                            requested);
     }
@@ -846,10 +852,7 @@ size_t CachingAllocator::ShrinkCachedSegmentLocked(Segment* segment, size_t by) 
   const uint64_t last_hand_out = segment->last_hand_out;
   ForgetSegmentLocked(segment);
   ++stats_.num_segment_resizes;
-  Block* block = AddSegmentLocked(*memory, new_size, pool, stream);
-  block->segment->last_hand_out = last_hand_out;
-  free_blocks_[static_cast<int>(pool)].insert(block);
-  NoteReleasableLocked(block->segment);
+  AddCachedSegmentLocked(*memory, new_size, pool, stream, last_hand_out);
   return old_size - new_size;
 }
 

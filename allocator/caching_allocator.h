@@ -169,6 +169,10 @@ class CachingAllocator {
   void ForgetSegmentLocked(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new segment of `size` bytes at `memory` on the books, one free block not yet in a free set.
   Block* AddSegmentLocked(void* memory, size_t size, Pool pool, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for memory that stays cached: its one free block in the free set, the segment counted
+  // releasable, with the hand-out time of the segment it came from (a split's tail, a shrink).
+  void AddCachedSegmentLocked(void* memory, size_t size, Pool pool, Stream stream, uint64_t last_hand_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Note [Recycling a cached segment]: a block of `rounded` bytes in a cached segment resized to
   // `segment_size`, handed out; nullptr when no cached segment fits the rule or the backend
   // cannot resize.
