@@ -49,7 +49,11 @@ def under_dtr(name, remats=True, **env):
     """Runs the scenario under dtr, checks it against the plain run and that dtr evicted (and
     rematerialized); returns the dtr run's whole JSON."""
     env.setdefault("DTR_BUDGET", BUDGET)
-    res = scenario(name, True, **env)
+    return under_dtr_result(name, scenario(name, True, **env), remats)
+
+
+def under_dtr_result(name, res, remats=True):
+    """under_dtr's checks on a dtr run already made."""
     ref = plain(name)
     assert res["out"] == ref, differences(ref, res["out"])[:10]
     st = res["dtr"]
@@ -142,9 +146,11 @@ def test_quantized():
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_torch_compile(backend, tmp_path):
-    """torch.compile with deterministic algorithms: two plain runs agree bit for bit, and dtr
-    (evicting the compiled graph's input and everything between forward and backward) agrees
-    with them. Every run compiles from scratch (its own inductor cache)."""
+    """torch.compile with deterministic algorithms: dtr (evicting the compiled graph's input and
+    everything between forward and backward) agrees bit for bit with a plain run. Each run
+    compiles from scratch (its own inductor cache). Where they differ, a second plain run from
+    scratch tells whether two plain compiles agree at all (a third fresh inductor compile on every
+    run cost CI about 25 s on each wheel, so it runs only to explain a failure)."""
     name = f"compile_{backend}"
 
     def env(i):
@@ -153,11 +159,14 @@ def test_torch_compile(backend, tmp_path):
         return {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"cache{i}"), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
     first = scenario(name, False, **env(1))["out"]
-    second = scenario(name, False, **env(2))["out"]
-    assert first == second, differences(first, second)[:10]
+    res = scenario(name, True, DTR_BUDGET=BUDGET, **env(3))
+    if res["out"] != first:
+        second = scenario(name, False, **env(2))["out"]
+        assert first == second, ("two plain runs compiled from scratch differ, so dtr's run cannot "
+                                 f"be compared with them: {differences(first, second)[:10]}")
     _plain[name] = first
-    res = under_dtr(name, **env(3))
-    assert len(res["out"]["losses"]) == 3
+    checked = under_dtr_result(name, res)
+    assert len(checked["out"]["losses"]) == 3
 
 
 def test_raw_access_in_compiled_functions():
