@@ -844,7 +844,7 @@ size_t CachingAllocator::ShrinkCachedSegmentLocked(Segment* segment, size_t by) 
   const size_t old_size = segment->size;
   if (by == 0 || by >= old_size) return 0;  // nothing to give up, or all of it: not a shrink
   const size_t new_size = (old_size - by) / config_.min_block_size * config_.min_block_size;
-  if (new_size == 0 || new_size >= old_size || !backend_->CanResize(old_size, new_size)) return 0;
+  if (new_size == 0 || !backend_->CanResize(old_size, new_size)) return 0;  // below old_size: by > 0
   absl::StatusOr<void*> memory = backend_->Resize(reinterpret_cast<void*>(segment->base), old_size, new_size);
   if (!memory.ok()) return 0;  // the segment is still there, as it was
   const Pool pool = segment->pool;
