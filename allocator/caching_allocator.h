@@ -104,6 +104,10 @@ class CachingAllocator {
   // per op cost the torch layer 3% on small ops): an allocation racing a mark may be missed.
   size_t MarkHighWater();
   std::pair<size_t, size_t> HighWaterSinceMark() const;
+  // stats_.allocated_bytes.current, read without the lock (Note [Idle far below the budget],
+  // hooks/fallback.cc, asks on every op while idle): a block handed out or freed meanwhile may be
+  // missed.
+  size_t AllocatedNow() const { return static_cast<size_t>(allocated_now_.load(std::memory_order_relaxed)); }
   MemorySnapshot Snapshot() const;
   // Verifies every Note'd invariant; FailedPrecondition describing the first violation.
   absl::Status CheckInvariants() const;

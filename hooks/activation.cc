@@ -194,7 +194,7 @@ __attribute__((visibility("default"))) void dtr_write_stats_file(void) {
 }
 
 __attribute__((visibility("default"))) int dtr_is_active(void) {
-  return dtr::hooks::g_active.load() && dtr::hooks::g_engine != nullptr && !dtr::hooks::g_engine->paused() ? 1 : 0;
+  return dtr::hooks::g_active.load() && dtr::hooks::g_engine != nullptr && (!dtr::hooks::g_engine->paused() || dtr::hooks::g_engine->idle()) ? 1 : 0;
 }
 
 // Idempotent. 0: active (or disabled by DTR_ENABLE=0); 1: cannot activate (reason on stderr).

@@ -20,6 +20,10 @@ c10::DataPtr CpuAllocatorAdapter::allocate(size_t n) {
     if (g_engine && !g_engine->cfg().evict)
       pinned = absl::StrCat(" Eviction is off (DTR_EVICT=0), so the budget is a plain cap (",
                             g_engine->Breakdown(), ").");
+    else if (g_engine && g_engine->idle()) {
+      g_engine->EndIdleAtNextOp();
+      pinned = absl::StrCat(" ", Engine::kIdleNothingEvicted, " (", g_engine->Breakdown(), ").");
+    }
     else if (g_engine)
       pinned = absl::StrCat(" dtr could not evict enough: ", FormatBytes(g_engine->PinnedBytes()),
                             " are pinned/constant/in use by the running op (", g_engine->BreakdownFor(n), ").");

@@ -84,6 +84,7 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
 }
 
 void Engine::SetBudget(int64_t bytes) {
+  LeaveIdle();  // Note [Idle far below the budget]: a new budget is weighed from a recorded step
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   // Note [Recomputation limit]: a new budget starts afresh, once the evictions getting under it
@@ -163,9 +164,14 @@ void Engine::SetPaused(bool paused) {
   {
     std::lock_guard<std::recursive_timed_mutex> l(mu_);
     resumed = !paused && this->paused();
+    // The program's own pause or resume ends idleness (Note [Idle far below the budget]).
+    idle_.store(false, std::memory_order_release);
     SetPausedLocked(paused);
   }
-  if (!resumed) return;
+  if (resumed) FinishResume();
+}
+
+void Engine::FinishResume() {
   AwaitPausedOps();
   // What the ops that began paused allocated after the store above was made unrecorded too
   // (with what other threads allocated meanwhile: kept resident, never the reverse).
@@ -191,11 +197,69 @@ void Engine::SetPausedLocked(bool paused) {
   paused_.store(paused, std::memory_order_seq_cst);
 }
 
+uint64_t Engine::IdleLimitBytes() const {
+  // Tracing records every op; on CUDA the native allocator's reserved bytes are not to be had
+  // without its lock, so dtr records there as before.
+  if (cfg_.idle_below <= 0 || tracing() || managed_ != ManagedDevice::kCpu || cfg_.budget_bytes == kUnlimitedBudget)
+    return 0;
+  return uint64_t(cfg_.idle_below * double(cfg_.budget_bytes));
+}
+
+uint64_t Engine::PressureEvents() const {
+  const RuntimeStats& st = rt_->stats();
+  return st.evictions - st.eager_evictions + st.rematerializations;
+}
+
+bool Engine::IdleAfterQuietSteps(bool backward) {
+  // Note [Idle far below the budget] (fallback.cc)
+  const uint64_t reserved = alloc_->AllocatedNow();
+  step_allocated_peak_ = std::max(step_allocated_peak_, reserved);
+  const bool step_ended = last_op_backward_ && !backward;
+  last_op_backward_ = backward;
+  if (!step_ended) return false;
+  const uint64_t limit = IdleLimitBytes(), pressure = PressureEvents();
+  const bool quiet = limit > 0 && pressure == step_pressure0_ && step_allocated_peak_ < limit;
+  step_pressure0_ = pressure;
+  step_allocated_peak_ = reserved;
+  quiet_steps_ = quiet ? quiet_steps_ + 1 : 0;
+  if (quiet_steps_ < quiet_steps_needed_ || runtime_untrusted()) return false;
+  SetPausedLocked(true);  // brings back what the program holds evicted (a quiet step evicted nothing)
+  idle_limit_bytes_.store(limit, std::memory_order_relaxed);
+  idle_.store(true, std::memory_order_release);
+  ++idle_periods_;
+  if (cfg_.verbose >= 1)
+    std::fprintf(stderr, "dtr: idle: the last %u step(s) reserved at most %s of a %s budget and evicted nothing\n",
+                 quiet_steps_, FormatBytes(step_allocated_peak_).c_str(), FormatBytes(cfg_.budget_bytes).c_str());
+  return true;
+}
+
+void Engine::LeaveIdle() {
+  {
+    std::lock_guard<std::recursive_timed_mutex> l(mu_);
+    // Another thread resumed, or the program paused dtr itself meanwhile; a child forked while
+    // another thread was inside dtr stays paused (Note [fork]).
+    if (!idle() || runtime_untrusted()) return;
+    idle_.store(false, std::memory_order_release);
+    SetPausedLocked(false);
+    // A step that needs the budget after a quiet one: idling again waits for twice as many quiet
+    // steps, so a program whose steps straddle the limit does not flap.
+    quiet_steps_ = 0;
+    quiet_steps_needed_ = std::min(2 * quiet_steps_needed_, kMostQuietSteps);
+    last_op_backward_ = false;
+    step_allocated_peak_ = alloc_->AllocatedNow();
+    step_pressure0_ = PressureEvents();
+  }
+  FinishResume();
+}
+
+thread_local int t_paused_ops = 0;
+
 void Engine::AwaitPausedOps() {
   // Note [Ops while paused] (fallback.cc): without mu_, which those ops take.
   const auto start = std::chrono::steady_clock::now();
   bool said = false;
-  while (paused_ops_.load(std::memory_order_seq_cst) != 0) {
+  // Not for the ops this thread is inside (torch.ops.dtr.set_budget, which ends idleness, is one).
+  while (paused_ops_.load(std::memory_order_seq_cst) > t_paused_ops) {
     if (!said && std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) {
       std::fprintf(stderr, "dtr: enable() is waiting for %d op(s) that began while dtr was disabled, on other "
                            "threads, to finish\n", paused_ops_.load());
@@ -252,6 +316,7 @@ void Engine::ChildAfterFork() {
   if (fork_locked_) return;
   runtime_untrusted_.store(true, std::memory_order_release);
   paused_.store(true, std::memory_order_release);
+  idle_.store(false, std::memory_order_release);
   std::fprintf(stderr,
                "dtr: fork() while another thread was inside dtr: this child process runs with dtr paused "
                "(tensors evicted in the parent cannot be read here)\n");
@@ -990,6 +1055,7 @@ bool Engine::EvictRankedOn(int cuda_device, alloc::CachingAllocator* a, const al
 const char* Engine::EvictionBlocked(const std::unique_lock<std::recursive_timed_mutex>& l) {
   // Note [Why nothing was evicted]
   if (!l.owns_lock()) return "inside a parallel region, the engine lock was held by another thread";
+  if (idle()) return kIdleNothingEvicted;
   if (paused()) return "dtr is paused (dtr.disable(), or a fork while another thread was inside dtr)";
   if (CaptureUnderway())
     return "a CUDA graph capture (or, before torch 2.13, a private memory pool) is under way, and dtr evicts "
@@ -1159,6 +1225,7 @@ std::string Engine::StatsJson() {
       ",\"budget_fraction\":", cfg_.budget_fraction,
       ",\"device\":\"", managed_ == ManagedDevice::kCuda ? "cuda" : "cpu", "\"",
       ",\"recording\":", recording() ? "true" : "false",
+      ",\"idle\":", idle() ? "true" : "false", ",\"idle_periods\":", idle_periods_,
       ",\"peak_reserved_bytes\":", as.peak_reserved, ",\"peak_allocated_bytes\":", as.peak_allocated,
       ",\"reserved_bytes\":", as.reserved, ",\"allocated_bytes\":", as.allocated,
       ",\"evictions\":", rs.evictions, ",\"eager_evictions\":", rs.eager_evictions,

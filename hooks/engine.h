@@ -242,6 +242,16 @@ class Engine final : public ReplayBackend,
   void HoldForFork();
   void ReleaseForkHold();
   bool paused() const { return paused_.load(std::memory_order_acquire); }
+  // Note [Idle far below the budget] (fallback.cc): paused because memory stayed far below the
+  // budget (not by dtr.disable()); the first op that finds it near the budget again resumes.
+  bool idle() const { return idle_.load(std::memory_order_acquire); }
+  // An allocation failed for want of an eviction while idle: the next op records again.
+  void EndIdleAtNextOp() { idle_limit_bytes_.store(0, std::memory_order_relaxed); }
+  // Why an allocation that needed an eviction failed while idle (out-of-memory messages).
+  static constexpr char kIdleNothingEvicted[] =
+      "dtr was idle, so it evicted nothing: memory had stayed below DTR_IDLE_BELOW of the budget, and the op "
+      "under way took the rest; dtr records again from the next op (Note [Idle far below the budget]; "
+      "DTR_IDLE_BELOW=0 keeps dtr recording, able to evict at any time)";
   // Note [fork] (engine.cc): a child forked while another thread was inside dtr runs paused and
   // never touches the runtime it inherited (whose state that thread may have left half-changed).
   bool runtime_untrusted() const { return runtime_untrusted_.load(std::memory_order_acquire); }
@@ -320,6 +330,19 @@ class Engine final : public ReplayBackend,
   // The classification of an op, made at its first call (under mu_).
   OpInfo& InfoOf(const c10::FunctionSchema& schema);
   void SetPausedLocked(bool paused);  // under mu_
+  // The second half of a resume, without mu_: waits for the ops that began paused, then ends the
+  // window of what was made unrecorded.
+  void FinishResume();
+  // Note [Idle far below the budget] (fallback.cc). At a recorded op, under mu_: whether the last
+  // step (up to the end of a backward pass) stayed quiet long enough that dtr went idle now.
+  bool IdleAfterQuietSteps(bool backward);
+  // The allocated bytes below which dtr may stay idle (0: it may not idle): DTR_IDLE_BELOW of a CPU
+  // budget, when not tracing.
+  uint64_t IdleLimitBytes() const;
+  // Evictions the budget forced (not at a storage's death) and rematerializations, so far.
+  uint64_t PressureEvents() const;
+  // Resumes recording if dtr is idle (not under mu_, and not inside an op that began paused).
+  void LeaveIdle();
   // Note [Ops while paused] (fallback.cc): waits until no op that began paused is under way.
   void AwaitPausedOps();
   // Writes that cannot be recorded: the tracked storages among the `n` arguments at `args` that
@@ -582,6 +605,19 @@ class Engine final : public ReplayBackend,
   PeakSnapshot at_peak_;
   uint64_t next_peak_snapshot_ = 0;
   std::atomic<bool> paused_{false};
+  // Note [Idle far below the budget] (fallback.cc): paused_ was set by idleness; the allocated
+  // bytes that end it; and, under mu_, the step being watched: whether the last recorded op ran
+  // in a backward pass, the most bytes allocated at a recorded op since the step began, the
+  // PressureEvents() then, the quiet steps in a row and how many idling waits for (doubled by
+  // every idle period that ended, up to kMostQuietSteps), and the idle periods so far.
+  std::atomic<bool> idle_{false};
+  std::atomic<uint64_t> idle_limit_bytes_{0};
+  bool last_op_backward_ = false;
+  uint64_t step_allocated_peak_ = 0;
+  uint64_t step_pressure0_ = 0;
+  uint32_t quiet_steps_ = 0, quiet_steps_needed_ = 1;
+  static constexpr uint32_t kMostQuietSteps = 64;
+  uint64_t idle_periods_ = 0;
   std::atomic<bool> runtime_untrusted_{false};
   // Note [Ops while paused] (fallback.cc): ops under way in FallbackPaused.
   std::atomic<int> paused_ops_{0};
@@ -596,6 +632,9 @@ class Engine final : public ReplayBackend,
   std::vector<std::pair<uint64_t, uint64_t>> paused_serials_;
   uint64_t exposures_unrecorded_ = 0;     // ExposeTensor calls before recording (under mu_)
 };
+
+// Note [Ops while paused] (fallback.cc): the ops under way in FallbackPaused on this thread.
+extern thread_local int t_paused_ops;
 
 // The process's engine: set once by dtr_activate (activation.cc), never destroyed; null while dtr
 // is inactive. The allocator adapter, the slot deleters and the custom ops reach it here.

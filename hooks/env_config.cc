@@ -28,7 +28,7 @@ const char* const kKnown[] = {"DTR_BUDGET",     "DTR_DEVICE",     "DTR_CUDA_ALLO
                               "DTR_MAX_RECOMPUTE", "DTR_NEIGHBORHOOD_CACHE", "DTR_EXHAUSTIVE_POOL",
                               "DTR_NEIGHBORHOOD_WALK_LIMIT",
                               "DTR_BACKWARD_PROTECTION", "DTR_BACKWARD_NEXT_USE", "DTR_FREEZE_GRADIENTS",
-                              "DTR_DEBUG_DISABLE_RULES"};
+                              "DTR_IDLE_BELOW", "DTR_DEBUG_DISABLE_RULES"};
 
 std::string HeuristicNames() {
   std::vector<std::string> names;
@@ -83,7 +83,7 @@ std::string DtrEnvConfig::ToString() const {
                       ", neighborhood_cache=", NeighborhoodCacheName(neighborhood_cache_events), ", exhaustive_pool=", exhaustive_pool,
                       ", neighborhood_walk_limit=", neighborhood_walk_limit,
                       ", backward_protection=", backward_protection, ", backward_next_use=", backward_next_use,
-                      ", freeze_gradients=", freeze_gradients,
+                      ", freeze_gradients=", freeze_gradients, ", idle_below=", idle_below,
                       ", disabled_rules=0x", absl::Hex(disabled_rules), "}");
 }
 
@@ -211,6 +211,10 @@ absl::StatusOr<DtrEnvConfig> ParseEnvConfig(
                   "how much a backward pass's estimate of when it reads a forward activation weighs against the "
                   "activation's staleness (default 0.75; 0: staleness alone)",
                   &c.backward_next_use, 1},
+           Factor{"DTR_IDLE_BELOW", 0,
+                  "the fraction of the budget below which, a whole training step long, dtr goes idle and records "
+                  "nothing until memory reaches it again (default 0.5; 0: never idle)",
+                  &c.idle_below, kMostIdleBelow},
        })
     if (absl::Status s = ParseFactor(getenv_fn, k.var, k.least, k.most, k.what, k.field); !s.ok()) return s;
   if (const char* v = getenv_fn("DTR_DEBUG_DISABLE_RULES")) {

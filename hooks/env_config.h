@@ -35,6 +35,8 @@
 //                   dies, not only what its in-place ops accumulated and its much smaller
 //                   results (default: RuntimeConfig's):
 //                   Note [Frozen results pass it on], runtime/lifetime.cc
+//   DTR_IDLE_BELOW  a fraction from 0 to 0.9 (default 0.5; 0: never idle): Note [Idle far below
+//                   the budget], hooks/fallback.cc
 //   DTR_DEBUG_DISABLE_RULES  comma list of rule numbers to switch OFF, for tests that show each
 //                   rule is needed. Never use in production. Rules (design note numbering):
 //                     1  writes (in-place, out=, Tensor(a!)[]) go through Runtime::Mutate
@@ -62,6 +64,9 @@
 namespace dtr::hooks {
 
 constexpr int kMaxRule = 6;
+// DTR_IDLE_BELOW's largest value: idle, nothing is evicted, so what the budget has above it must
+// hold what the ops between two checks allocate (Note [Idle far below the budget], fallback.cc).
+constexpr double kMostIdleBelow = 0.9;
 
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 
@@ -90,6 +95,8 @@ struct DtrEnvConfig {
   uint32_t exhaustive_pool = RuntimeConfig{}.exhaustive_pool;  // 0: always sample
   // Note [Bounded neighborhood walks] (runtime/neighborhoods.cc); 0: unbounded.
   uint32_t neighborhood_walk_limit = RuntimeConfig{}.neighborhood_walk_limit;
+  // Note [Idle far below the budget] (fallback.cc); 0: never idle.
+  double idle_below = 0.5;
   uint32_t disabled_rules = 0;  // bit r set: design rule r switched off (debug only)
 
   bool unlimited() const { return budget_bytes == kUnlimitedBudget && budget_fraction == 0; }

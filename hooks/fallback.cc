@@ -31,6 +31,31 @@
 // along. A program that wants every tensor recorded while nothing limits it (to read
 // unevictable_at_peak, or to evict on demand) sets a budget that never binds from the start; a
 // trace file records from the start too.
+//
+// Note [Idle far below the budget]
+// A budget that never binds still had every op recorded: 1.17-1.22x a plain step in time on the
+// small-op models (the LSTM, the TreeLSTM, the chain, the Transformer; bench/results/
+// activation_runs.md), where passing ops through costs what a plain step does. Recording only
+// pays when something will be evicted, so dtr goes idle while memory stays far below the budget:
+// at the end of a backward pass (the first recorded op outside one after ops inside one), when
+// the step that ended there kept the allocated bytes below DTR_IDLE_BELOW of the budget (default
+// 0.5) at every recorded op and evicted and rematerialized nothing under pressure, dtr pauses as
+// dtr.disable() does (Note [Ops while paused]), keeping the budget. Allocated, not reserved: the
+// cache keeps what a larger step reserved, which no eviction is needed for (the allocator
+// releases cached segments before it asks the runtime; the CPU's segments hold one block each).
+// Idle, nothing is evicted: ops run without any check of their inputs, so none may be taken from
+// under them. Every op that enters the dispatcher's fallback while idle first compares the
+// allocator's allocated bytes (an atomic read) with that limit and, at or above it, resumes
+// recording before it runs; what was allocated while idle is then constant until it dies (as
+// before a first budget), which in a training loop is the activations of the step under way up
+// to that point, so at most DTR_IDLE_BELOW of the budget less what the program keeps between
+// steps. If the ops between two checks (one op, with its nested ops) take the rest of the budget,
+// the allocator's cap stands and the request fails with the out-of-memory error, saying why; the
+// next op then records again (CpuAllocatorAdapter::allocate), so a program that catches the error and retries
+// evicts as before. Every idle period that ends doubles the quiet steps the next one waits for
+// (up to 64), so steps straddling the limit do not flap. A new budget (set_budget), dtr.disable()
+// and enable() end idleness; a trace file (every op recorded), an unlimited budget and CUDA
+// (whose native allocator's counts cost its lock) never idle.
 #include "hooks/fallback.h"
 
 #include <algorithm>
@@ -278,6 +303,11 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return;
   }
 
+  // Note [Idle far below the budget]: this op may begin an idle period.
+  if (IdleAfterQuietSteps(backward())) {
+    l.unlock();
+    return FallbackPaused(op, ks, stack);
+  }
   Busy busy(this);
   HookClock hook_clock(this);
   PeakWatch peak_watch(this);  // Note [Unevictable memory by reason]
@@ -784,15 +814,22 @@ void Engine::WriteTrackedArgs(const c10::IValue* args, size_t n, const OpInfo& i
 // thread was inside dtr skips all this (Note [fork]).
 void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
+  if (runtime_untrusted()) return op.redispatchBoxed(after, stack);
+  // Note [Idle far below the budget]: checked where no op that began paused is under way on this
+  // thread (resuming waits for those ops to end).
+  if (idle() && t_paused_ops == 0 && alloc_->AllocatedNow() >= idle_limit_bytes_.load(std::memory_order_relaxed))
+    LeaveIdle();
   auto pass = [&] { op.redispatchBoxed(after, stack); };
-  if (runtime_untrusted()) return pass();
   // Counted before paused() is read again (both sequentially consistent): an enable() that
   // returned either made this op record or waited for it (SetPaused).
   paused_ops_.fetch_add(1);
+  ++t_paused_ops;
   struct Done {
     std::atomic<int>* count;
     void Now() {
-      if (count != nullptr) count->fetch_sub(1);
+      if (count == nullptr) return;
+      count->fetch_sub(1);
+      --t_paused_ops;
       count = nullptr;
     }
     ~Done() { Now(); }

@@ -46,6 +46,7 @@ OPTIONS = {
     "backward_protection": "DTR_BACKWARD_PROTECTION",
     "backward_next_use": "DTR_BACKWARD_NEXT_USE",
     "freeze_gradients": "DTR_FREEZE_GRADIENTS",
+    "idle_below": "DTR_IDLE_BELOW",
 }
 
 cmake_prefix_path = _library.CMAKE_PREFIX_PATH
@@ -173,7 +174,8 @@ def _is_loaded():
 
 def stats():
     """dtr's counters as a dict ({} when dtr is not active): budget_bytes (-1: unlimited), recording
-    (False until the process has had a budget: Note [Recording starts with a budget]),
+    (False until the process has had a budget: Note [Recording starts with a budget]), idle
+    (recording paused far below the budget: Note [Idle far below the budget]), idle_periods,
     peak_reserved_bytes, peak_allocated_bytes, evictions, rematerializations, remat_seconds,
     op_seconds, search_seconds, bookkeeping_seconds, ops_recorded, ... (README)."""
     if not _is_loaded():
@@ -187,7 +189,8 @@ def unevictable_at_peak(exclude=()):
     excluded_bytes and by_reason ({reason: bytes}), leaving out the storages of the tensors in
     `exclude` (say the parameters and optimizer state). {} when dtr is not active; raises
     RuntimeError when it has had no budget, so has recorded nothing (a budget that never binds,
-    set before the model is built and run, is enough)."""
+    set before the model is built and run, with idle_below=0 so that dtr records every step, is
+    enough)."""
     if not _is_loaded() or not _activated():
         return {}
     import torch

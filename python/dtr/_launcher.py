@@ -30,6 +30,7 @@ CLI_OPTIONS = {
     "--backward-protection": "DTR_BACKWARD_PROTECTION",
     "--backward-next-use": "DTR_BACKWARD_NEXT_USE",
     "--freeze-gradients": "DTR_FREEZE_GRADIENTS",
+    "--idle-below": "DTR_IDLE_BELOW",
 }
 
 

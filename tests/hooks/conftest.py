@@ -24,8 +24,11 @@ def build_dir():
 
 # A budget that never binds: dtr records from the start (it records nothing until the process has
 # a budget, Note [Recording starts with a budget]), so a program can evict on demand
-# (torch.ops.dtr.set_budget(1)) and see its tensors come back.
+# (torch.ops.dtr.set_budget(1)) and see its tensors come back. run() adds DTR_IDLE_BELOW=0 to a
+# run under it unless the test sets DTR_IDLE_BELOW itself, so that dtr keeps recording after the
+# first step instead of going idle (Note [Idle far below the budget], which test_idle.py tests).
 NEVER_BINDS = "1TiB"
+RECORDING_UNDER_NEVER_BINDS = ("--idle-below", "0")  # the same, for `python -m dtr --budget 1TiB`
 
 
 def clean_env(**extra):
@@ -61,6 +64,8 @@ def native_stacks(pid):
 def run(args, preload=False, timeout=300, **dtr_env):
     """Runs a command in a subprocess; with preload, under LD_PRELOAD=libdtr.so and DTR_* vars.
     Past `timeout` seconds it raises Hung with the process's native stacks."""
+    if dtr_env.get("DTR_BUDGET") == NEVER_BINDS:
+        dtr_env.setdefault("DTR_IDLE_BELOW", "0")
     env = clean_env(**dtr_env)
     if preload:
         env["LD_PRELOAD"] = dtr_lib()

@@ -114,7 +114,10 @@ TEST(ParseEnvConfig, Factors) {
                                  {"0.5", "0", "-1", "x", "inf", "nan", ""}},
                           Factor{"DTR_BACKWARD_NEXT_USE", "backward_next_use=", &DtrEnvConfig::backward_next_use,
                                  RuntimeConfig{}.backward_next_use, {{"0", 0}, {"1", 1}, {"0.5", 0.5}},
-                                 {"1.5", "-0.1", "x", "inf", "nan", ""}}}) {
+                                 {"1.5", "-0.1", "x", "inf", "nan", ""}},
+                          // Note [Idle far below the budget] (hooks/fallback.cc).
+                          Factor{"DTR_IDLE_BELOW", "idle_below=", &DtrEnvConfig::idle_below, 0.5,
+                                 {{"0", 0}, {"0.25", 0.25}, {"0.9", 0.9}}, {"0.95", "1", "-0.1", "x", "nan", ""}}}) {
     EXPECT_EQ((*FakeEnv{}.Parse()).*k.field, k.default_value) << k.var;
     for (auto [text, value] : k.good) {
       auto c = FakeEnv{{{k.var, text}}}.Parse();

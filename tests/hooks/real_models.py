@@ -4,7 +4,7 @@ binds, and at half its activations: losses and the final state dict bit-identica
 nothing behind, the budget never exceeded, activations recomputed."""
 import json
 
-from conftest import NEVER_BINDS, PY, run
+from conftest import NEVER_BINDS, PY, RECORDING_UNDER_NEVER_BINDS, run
 
 
 def train(script, args, *launcher):
@@ -17,7 +17,7 @@ def check_trains_at_half_its_activations(script, name, args):
     """Returns dtr's statistics of the budgeted run."""
     plain = train(script, args)
     # Recording every op from the start, as under a budget, with nothing evicted but dead storages.
-    free = train(script, args, "-m", "dtr", "--budget", NEVER_BINDS)
+    free = train(script, args, "-m", "dtr", "--budget", NEVER_BINDS, *RECORDING_UNDER_NEVER_BINDS)
     assert (free["losses"], free["state"]) == (plain["losses"], plain["state"])
     # Note [Accumulators of dead gradients] (runtime/lifetime.cc): a step leaves nothing behind
     # (ViT and Swin grew by 3.3 MiB a step; every model held its first step's gradients through
