@@ -212,15 +212,15 @@ uint64_t Engine::PressureEvents() const {
 
 bool Engine::IdleAfterQuietSteps(bool backward) {
   // Note [Idle far below the budget] (fallback.cc)
-  const uint64_t reserved = alloc_->AllocatedNow();
-  step_allocated_peak_ = std::max(step_allocated_peak_, reserved);
+  const uint64_t allocated = alloc_->AllocatedNow();
+  step_allocated_peak_ = std::max(step_allocated_peak_, allocated);
   const bool step_ended = last_op_backward_ && !backward;
   last_op_backward_ = backward;
   if (!step_ended) return false;
   const uint64_t limit = IdleLimitBytes(), pressure = PressureEvents();
   const bool quiet = limit > 0 && pressure == step_pressure0_ && step_allocated_peak_ < limit;
   step_pressure0_ = pressure;
-  step_allocated_peak_ = reserved;
+  step_allocated_peak_ = allocated;
   quiet_steps_ = quiet ? quiet_steps_ + 1 : 0;
   if (quiet_steps_ < quiet_steps_needed_ || runtime_untrusted()) return false;
   SetPausedLocked(true);  // brings back what the program holds evicted (a quiet step evicted nothing)
@@ -228,8 +228,8 @@ bool Engine::IdleAfterQuietSteps(bool backward) {
   idle_.store(true, std::memory_order_release);
   ++idle_periods_;
   if (cfg_.verbose >= 1)
-    std::fprintf(stderr, "dtr: idle: the last %u step(s) reserved at most %s of a %s budget and evicted nothing\n",
-                 quiet_steps_, FormatBytes(step_allocated_peak_).c_str(), FormatBytes(cfg_.budget_bytes).c_str());
+    std::fprintf(stderr, "dtr: idle: the last %u step(s) allocated less than %s of a %s budget and evicted nothing\n",
+                 quiet_steps_, FormatBytes(limit).c_str(), FormatBytes(cfg_.budget_bytes).c_str());
   return true;
 }
 
@@ -261,8 +261,8 @@ void Engine::AwaitPausedOps() {
   // Not for the ops this thread is inside (torch.ops.dtr.set_budget, which ends idleness, is one).
   while (paused_ops_.load(std::memory_order_seq_cst) > t_paused_ops) {
     if (!said && std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) {
-      std::fprintf(stderr, "dtr: enable() is waiting for %d op(s) that began while dtr was disabled, on other "
-                           "threads, to finish\n", paused_ops_.load());
+      std::fprintf(stderr, "dtr: resuming (enable(), or the end of an idle period) is waiting for %d op(s) that began "
+                           "while dtr was disabled or idle, on other threads, to finish\n", paused_ops_.load());
       said = true;
     }
     std::this_thread::yield();

@@ -51,8 +51,8 @@
 // to that point, so at most DTR_IDLE_BELOW of the budget less what the program keeps between
 // steps. If the ops between two checks (one op, with its nested ops) take the rest of the budget,
 // the allocator's cap stands and the request fails with the out-of-memory error, saying why; the
-// next op then records again (CpuAllocatorAdapter::allocate), so a program that catches the error and retries
-// evicts as before. Every idle period that ends doubles the quiet steps the next one waits for
+// next op then records again (CpuAllocatorAdapter::allocate), so a program that catches the error
+// and retries evicts as before. Every idle period that ends doubles the quiet steps the next one waits for
 // (up to 64), so steps straddling the limit do not flap. A new budget (set_budget), dtr.disable()
 // and enable() end idleness; a trace file (every op recorded), an unlimited budget and CUDA
 // (whose native allocator's counts cost its lock) never idle.
