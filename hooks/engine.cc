@@ -84,7 +84,7 @@ void Engine::PinTensor(const at::Tensor& t, bool pin) {
 }
 
 void Engine::SetBudget(int64_t bytes) {
-  LeaveIdle();  // Note [Idle far below the budget]: a new budget is weighed from a recorded step
+  LeaveIdle(/*for_memory=*/false);  // Note [Idle far below the budget]: weighed from a recorded step
   std::lock_guard<std::recursive_timed_mutex> l(mu_);
   Busy b(this);
   // Note [Recomputation limit]: a new budget starts afresh, once the evictions getting under it
@@ -197,6 +197,15 @@ void Engine::SetPausedLocked(bool paused) {
   paused_.store(paused, std::memory_order_seq_cst);
 }
 
+bool Engine::HoldsEvicted() {
+  for (const auto& [packed, e] : entries_) {
+    const StorageRecord* r = rt_->storage(e->sid);
+    if (e->dead || r == nullptr || r->resident()) continue;
+    if (c10::intrusive_ptr<c10::StorageImpl> alive = e->impl()) return true;
+  }
+  return false;
+}
+
 uint64_t Engine::IdleLimitBytes() const {
   // Tracing records every op; on CUDA the native allocator's reserved bytes are not to be had
   // without its lock, so dtr records there as before.
@@ -223,7 +232,10 @@ bool Engine::IdleAfterQuietSteps(bool backward) {
   step_allocated_peak_ = allocated;
   quiet_steps_ = quiet ? quiet_steps_ + 1 : 0;
   if (quiet_steps_ < quiet_steps_needed_ || runtime_untrusted()) return false;
-  SetPausedLocked(true);  // brings back what the program holds evicted (a quiet step evicted nothing)
+  // What the program holds evicted (from an earlier step) would have to come back under the
+  // budget, where bringing back one may evict another: dtr idles once none is left.
+  if (HoldsEvicted()) return false;
+  SetPausedLocked(true);
   idle_limit_bytes_.store(limit, std::memory_order_relaxed);
   idle_.store(true, std::memory_order_release);
   ++idle_periods_;
@@ -233,7 +245,7 @@ bool Engine::IdleAfterQuietSteps(bool backward) {
   return true;
 }
 
-void Engine::LeaveIdle() {
+void Engine::LeaveIdle(bool for_memory) {
   {
     std::lock_guard<std::recursive_timed_mutex> l(mu_);
     // Another thread resumed, or the program paused dtr itself meanwhile; a child forked while
@@ -244,7 +256,7 @@ void Engine::LeaveIdle() {
     // A step that needs the budget after a quiet one: idling again waits for twice as many quiet
     // steps, so a program whose steps straddle the limit does not flap.
     quiet_steps_ = 0;
-    quiet_steps_needed_ = std::min(2 * quiet_steps_needed_, kMostQuietSteps);
+    if (for_memory) quiet_steps_needed_ = std::min(2 * quiet_steps_needed_, kMostQuietSteps);
     last_op_backward_ = false;
     step_allocated_peak_ = alloc_->AllocatedNow();
     step_pressure0_ = PressureEvents();
@@ -311,6 +323,9 @@ void Engine::ChildAfterFork() {
   // the owner): it gets a fresh one, unlocked. The plain mutexes unlock normally.
   new (&mu_) std::recursive_timed_mutex();
   fork_holds_ = 0;
+  // Only this thread was copied: the ops other threads had under way paused are not here, and
+  // resuming must not wait for them.
+  paused_ops_.store(t_paused_ops, std::memory_order_seq_cst);
   alloc_->UnlockAfterFork();
   deferred_mu_.unlock();
   if (fork_locked_) return;

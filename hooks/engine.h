@@ -341,8 +341,11 @@ class Engine final : public ReplayBackend,
   uint64_t IdleLimitBytes() const;
   // Evictions the budget forced (not at a storage's death) and rematerializations, so far.
   uint64_t PressureEvents() const;
-  // Resumes recording if dtr is idle (not under mu_, and not inside an op that began paused).
-  void LeaveIdle();
+  // Resumes recording if dtr is idle (not under mu_); `for_memory`: because memory reached the
+  // limit (the next idle period then waits for twice the quiet steps), not for a new budget.
+  void LeaveIdle(bool for_memory);
+  // Whether the program holds a storage dtr evicted (SetPausedLocked(true) would bring it back).
+  bool HoldsEvicted();
   // Note [Ops while paused] (fallback.cc): waits until no op that began paused is under way.
   void AwaitPausedOps();
   // Writes that cannot be recorded: the tracked storages among the `n` arguments at `args` that

@@ -35,27 +35,29 @@
 // Note [Idle far below the budget]
 // A budget that never binds still had every op recorded: 1.17-1.22x a plain step in time on the
 // small-op models (the LSTM, the TreeLSTM, the chain, the Transformer; bench/results/
-// activation_runs.md), where passing ops through costs what a plain step does. Recording only
-// pays when something will be evicted, so dtr goes idle while memory stays far below the budget:
-// at the end of a backward pass (the first recorded op outside one after ops inside one), when
-// the step that ended there kept the allocated bytes below DTR_IDLE_BELOW of the budget (default
-// 0.5) at every recorded op and evicted and rematerialized nothing under pressure, dtr pauses as
-// dtr.disable() does (Note [Ops while paused]), keeping the budget. Allocated, not reserved: the
-// cache keeps what a larger step reserved, which no eviction is needed for (the allocator
-// releases cached segments before it asks the runtime; the CPU's segments hold one block each).
-// Idle, nothing is evicted: ops run without any check of their inputs, so none may be taken from
-// under them. Every op that enters the dispatcher's fallback while idle first compares the
-// allocator's allocated bytes (an atomic read) with that limit and, at or above it, resumes
-// recording before it runs; what was allocated while idle is then constant until it dies (as
-// before a first budget), which in a training loop is the activations of the step under way up
-// to that point, so at most DTR_IDLE_BELOW of the budget less what the program keeps between
-// steps. If the ops between two checks (one op, with its nested ops) take the rest of the budget,
-// the allocator's cap stands and the request fails with the out-of-memory error, saying why; the
-// next op then records again (CpuAllocatorAdapter::allocate), so a program that catches the error
-// and retries evicts as before. Every idle period that ends doubles the quiet steps the next one waits for
-// (up to 64), so steps straddling the limit do not flap. A new budget (set_budget), dtr.disable()
-// and enable() end idleness; a trace file (every op recorded), an unlimited budget and CUDA
-// (whose native allocator's counts cost its lock) never idle.
+// activation_runs.md), where passing ops through costs what a plain step does. Recording only pays
+// when something will be evicted, so dtr goes idle while memory stays far below the budget: at the
+// end of a backward pass (the first recorded op outside one after ops inside one), when the step
+// that ended there kept the allocated bytes below DTR_IDLE_BELOW of the budget (default 0.5) at
+// every recorded op and evicted and rematerialized nothing under pressure, and the program holds
+// nothing evicted, dtr pauses as dtr.disable() does (Note [Ops while paused]), keeping the budget.
+// Allocated, not reserved: the cache keeps what a larger step reserved, which no eviction is needed
+// for (the allocator releases cached segments before it asks the runtime; the CPU's segments hold
+// one block each). Idle, nothing is evicted: ops run without any check of their inputs, so none may
+// be taken from under them. Every op that enters the dispatcher's fallback while idle first
+// compares the allocator's allocated bytes (an atomic read) with that limit and, at or above it,
+// resumes recording before it runs (when no other op is under way paused: resuming waits for those,
+// so a thread holding the GIL could otherwise wait for one that needs it; the next op tries again);
+// what was allocated while idle is then constant until it dies (as before a first budget), which in
+// a training loop is the activations of the step under way up to that point, so at most
+// DTR_IDLE_BELOW of the budget less what the program keeps between steps. If the ops between two
+// checks (one op, with its nested ops) take the rest of the budget, the allocator's cap stands and
+// the request fails with the out-of-memory error, saying why; the next op then records again
+// (CpuAllocatorAdapter::allocate), so a program that catches the error and retries evicts as
+// before. Every idle period that memory ends doubles the quiet steps the next one waits for (up to
+// 64), so steps straddling the limit do not flap. A new budget (set_budget), dtr.disable() and
+// enable() end idleness; a trace file (every op recorded), an unlimited budget and CUDA (whose
+// native allocator's counts cost its lock) never idle.
 #include "hooks/fallback.h"
 
 #include <algorithm>
@@ -215,7 +217,12 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const absl::InlinedVector<c10::IValue, 8> arguments_alive(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
   OpInfo& classified = InfoOf(schema);
-  if (classified.kind == Kind::kPassthrough) return pass();
+  if (classified.kind == Kind::kPassthrough) {
+    // No tensor in or out. Not under mu_: torch.ops.dtr.set_budget is one, and may wait for ops
+    // that began idle, which take mu_ (Note [Idle far below the budget]).
+    l.unlock();
+    return pass();
+  }
   // Note [Views on a short path]: the arguments are copied above, so the view may pop them.
   if (classified.kind == Kind::kView && managed_ != ManagedDevice::kCuda &&
       ViewOnShortPath(op, after, stack, arguments_alive.data(), nargs, classified))
@@ -817,9 +824,16 @@ void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet k
   if (runtime_untrusted()) return op.redispatchBoxed(after, stack);
   // Note [Idle far below the budget]: checked where no op that began paused is under way on this
   // thread (resuming waits for those ops to end).
-  if (idle() && t_paused_ops == 0 && alloc_->AllocatedNow() >= idle_limit_bytes_.load(std::memory_order_relaxed))
-    LeaveIdle();
+  // Only while no other op is under way paused, so that resuming waits for none but those that
+  // race with it; a later op tries again.
+  if (idle() && t_paused_ops == 0 && alloc_->AllocatedNow() >= idle_limit_bytes_.load(std::memory_order_relaxed) &&
+      paused_ops_.load(std::memory_order_seq_cst) == 0)
+    LeaveIdle(/*for_memory=*/true);
   auto pass = [&] { op.redispatchBoxed(after, stack); };
+  // Declared before `done`, so destroyed after it: its Python decrefs may wait for the GIL, which a
+  // resuming thread waiting for this op to be counted out may hold (Tensor.numpy()'s detach runs
+  // with it).
+  absl::InlinedVector<c10::IValue, 8> arguments;
   // Counted before paused() is read again (both sequentially consistent): an enable() that
   // returned either made this op record or waited for it (SetPaused).
   paused_ops_.fetch_add(1);
@@ -843,7 +857,7 @@ void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet k
   const size_t base = stack->size() - nargs;
   // The arguments outlive the op (which pops them) for PinHiddenOperands, and mu_ (Note [No
   // Python decref under the engine lock]).
-  const absl::InlinedVector<c10::IValue, 8> arguments(stack->begin() + base, stack->end());
+  arguments.assign(stack->begin() + base, stack->end());
   std::unique_lock<std::recursive_timed_mutex> l(mu_);
   const OpInfo& info = InfoOf(schema);
   if (info.kind == Kind::kPassthrough ||

@@ -134,3 +134,51 @@ print("kept", [float(k.sum()) for k in kept] == sums)
     lines = r.stdout.splitlines()
     assert lines[0].startswith("OOM") and "idle" in lines[0] and "DTR_IDLE_BELOW" in lines[0], r.stdout
     assert lines[1:] == ["after 1024 False True", "kept True"], r.stdout
+
+
+def test_budget_changes_and_disable_while_idle():
+    """set_budget, dtr.disable() and dtr.enable() while idle end idleness at once (set_budget is
+    itself an op that runs paused: it must not wait for itself), and a new budget that binds
+    evicts what was recorded before idling. A tensor the program holds evicted keeps dtr from
+    idling until it is gone. Values stay exact throughout."""
+    code = r"""
+import json, torch, dtr
+torch.manual_seed(0)
+dtr.set_budget("1TiB")
+v = torch.randn(128, 128)
+kept = [torch.tanh(torch.randn(4096, 128) @ v) for _ in range(4)]  # 8 MiB, recorded
+sums = [float(k.sum()) for k in kept]
+w = torch.randn(128, 128, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.01)
+def step():
+    opt.zero_grad()
+    torch.tanh(torch.randn(64, 128) @ w).sum().backward()
+    opt.step()
+    return dtr.stats()
+out = {}
+step(); out["idle_after_step"] = step()["idle"]
+base = dtr.stats()["allocated_bytes"]
+dtr.set_budget(base - (4 << 20))  # evicts about half of `kept`
+st = dtr.stats()
+out["set_budget_resumed"] = not st["idle"]
+out["evicted_by_new_budget"] = st["evictions"] - st["eager_evictions"]
+dtr.set_budget("1TiB")
+out["idle_while_holding_evicted"] = [step()["idle"] for _ in range(3)]
+out["sums_exact"] = [float(k.sum()) for k in kept] == sums  # brings every one back
+out["idle_once_back"] = [step()["idle"] for _ in range(2)]
+dtr.disable()
+out["disabled"] = (dtr.is_enabled(), dtr.stats()["idle"])
+step()
+dtr.enable(budget="1TiB")
+out["enabled"] = (dtr.is_enabled(), dtr.stats()["idle"])
+out["idle_again"] = [step()["idle"] for _ in range(2)]
+print(json.dumps(out))
+"""
+    r = subprocess.run([PY, "-c", code], env=clean_env(LD_PRELOAD=dtr_lib()), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["idle_after_step"] and out["set_budget_resumed"] and out["evicted_by_new_budget"] > 0, out
+    assert out["idle_while_holding_evicted"] == [False] * 3 and out["sums_exact"], out
+    assert out["idle_once_back"][-1] and out["disabled"] == [False, False] and out["enabled"] == [True, False], out
+    assert out["idle_again"][-1], out
