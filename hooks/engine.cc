@@ -185,25 +185,15 @@ void Engine::SetPausedLocked(bool paused) {
   // made unrecorded, as before the first budget.
   if (paused && !this->paused()) paused_serials_.emplace_back(LastSlotSerial(), kNoSerialYet);
   if (!paused && this->paused() && !paused_serials_.empty()) paused_serials_.back().second = LastSlotSerial();
-  if (paused) {
-    for (const auto& [packed, e] : entries_) {
-      const StorageRecord* r = rt_->storage(e->sid);
-      // A storage whose death another thread's deleter has deferred (Note [Deleters never
-      // wait]) is gone already: nothing can read it, and there is nothing to bring it back into.
-      if (e->dead || r == nullptr || r->resident()) continue;
-      if (c10::intrusive_ptr<c10::StorageImpl> alive = e->impl()) Check(rt_->Access(e->sid), "disable");
-    }
-  }
+  if (paused) ForEachHeldEvicted([&](Entry& e) {
+    Check(rt_->Access(e.sid), "disable");
+    return true;
+  });
   paused_.store(paused, std::memory_order_seq_cst);
 }
 
 bool Engine::HoldsEvicted() {
-  for (const auto& [packed, e] : entries_) {
-    const StorageRecord* r = rt_->storage(e->sid);
-    if (e->dead || r == nullptr || r->resident()) continue;
-    if (c10::intrusive_ptr<c10::StorageImpl> alive = e->impl()) return true;
-  }
-  return false;
+  return !ForEachHeldEvicted([](Entry&) { return false; });
 }
 
 uint64_t Engine::IdleLimitBytes() const {

@@ -346,6 +346,20 @@ class Engine final : public ReplayBackend,
   void LeaveIdle(bool for_memory);
   // Whether the program holds a storage dtr evicted (SetPausedLocked(true) would bring it back).
   bool HoldsEvicted();
+  // Calls f(entry) for each evicted storage the program still holds, the storage kept alive
+  // meanwhile, until f returns false; whether it went through them all. A storage whose death
+  // another thread's deleter has deferred (Note [Deleters never wait]) is gone already: nothing
+  // can read it, and there is nothing to bring it back into.
+  template <typename F>
+  bool ForEachHeldEvicted(F f) {
+    for (const auto& [packed, e] : entries_) {
+      const StorageRecord* r = rt_->storage(e->sid);
+      if (e->dead || r == nullptr || r->resident()) continue;
+      if (c10::intrusive_ptr<c10::StorageImpl> alive = e->impl())
+        if (!f(*e)) return false;
+    }
+    return true;
+  }
   // Note [Ops while paused] (fallback.cc): waits until no op that began paused is under way.
   void AwaitPausedOps();
   // Writes that cannot be recorded: the tracked storages among the `n` arguments at `args` that

@@ -237,12 +237,6 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (unrecorded->kind == Kind::kRecord) unrecorded->kind = Kind::kOpaque;
   }
   const OpInfo& info = unrecorded ? *unrecorded : classified;
-  // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
-  // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
-  // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
-  // Read where an op is recorded or traced: a thread-local lookup that views and the ops let pass
-  // do not need.
-  auto backward = [] { return torch::autograd::get_current_graph_task_id() != -1; };
   // Managing CUDA memory, an op with no CUDA tensor and no CUDA device argument (host-side
   // work: data loading, CPU scalars) is none of dtr's business.
   // Not under the engine lock: a CPU collective (wait_tensor on a gloo mesh) may block on a
@@ -310,8 +304,14 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     return;
   }
 
+  // Note [Results of the backward pass] (runtime/eviction_search.cc): the autograd engine runs
+  // this op for a backward pass (a graph task is current on this thread). Not gradient mode:
+  // custom Function forwards, reentrant checkpointing and AOTAutograd run forward ops with it off.
+  // Read here, where an op is recorded: a thread-local lookup that views and the ops let pass do
+  // not need.
+  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   // Note [Idle far below the budget]: this op may begin an idle period.
-  if (IdleAfterQuietSteps(backward())) {
+  if (IdleAfterQuietSteps(in_backward)) {
     l.unlock();
     return FallbackPaused(op, ks, stack);
   }
@@ -418,7 +418,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     Runtime::MutateCall mc{info.interned_name, in_sids, written, rr != nullptr, reinterpret_cast<uint64_t>(rr)};
     mc.name_interned = true;
     mc.invalidate_readers = cfg_.rule_enabled(2);
-    mc.backward = backward();
+    mc.backward = in_backward;
     mc.overwrites = overwrites;
     bool mc_recorded = false;
     mc.recorded = &mc_recorded;
@@ -454,7 +454,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
         if (Entry* e = FindEntry(w)) absl::StrAppend(&outs, " ", TName(e));
       // Note [Trace format]: how the runtime recorded it.
       const char* kind = !replayable ? "mutate-opaque " : mc.overwrites ? "overwrite " : "mutate ";
-      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->", outs));
+      TraceLine(absl::StrCat(kind, info.name, " ", TraceCost(cost, in_backward), trace_ins(), " ->", outs));
     }
     // Storages a mutating op created (e.g. native_batch_norm's outputs) become constants lazily;
     // a storage re-homed by a resize inside the op lost its entry in the deleter.
@@ -482,7 +482,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (info.kind == Kind::kView) {
       for (StorageId id : in_sids) rt_->AccessHeld(id);  // `held` holds them
     } else {
-      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
+      if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, in_backward), trace_ins(), " ->"));
     }
     return;
   }
@@ -563,7 +563,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     classified.seeded_no_gen = true;
     records_.Delete(rr);
     TagUnrecordedOutputs(*stack, schema.returns().size(), serial0, info.name, "drew from the default generator");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, in_backward), trace_ins(), " ->"));
     return;
   }
 
@@ -645,7 +645,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     rt_->AddUnrecordedOpCost(cost);  // Note [Recomputation limit]
     TagUnrecordedOutputs(*stack, nret, serial0, info.name,
                          "an output is not a new dense storage of its own");
-    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, backward()), trace_ins(), " ->"));
+    if (tracing()) TraceLine(absl::StrCat("opaque ", info.name, " ", TraceCost(cost, in_backward), trace_ins(), " ->"));
     return;
   }
   absl::InlinedVector<uint64_t, 2> sizes;
@@ -653,7 +653,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   Runtime::OpCall call{info.interned_name, in_sids, sizes, true, reinterpret_cast<uint64_t>(rr)};
   call.name_interned = true;
   call.scratch_bytes = last_scratch_;  // Note [Scratch memory]: known, the op has run
-  call.backward = backward();
+  call.backward = in_backward;
   call.inputs_held = true;  // `held` holds every one until this returns
   call.copies_input = info.clone && CopiesWholeStorage(*rr, in_sids);
   auto out_sids = rt_->Compute(call, [&](absl::Span<const StorageId>) -> absl::StatusOr<double> { return cost; });
@@ -680,7 +680,7 @@ void Engine::Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     if (tracing()) absl::StrAppend(&trace_outs, " ", TName(e), ":", sizes[i]);
   }
   if (tracing())
-    TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, backward()), call.copies_input ? " copy=whole" : "",
+    TraceLine(absl::StrCat("call ", info.name, " ", TraceCost(cost, in_backward), call.copies_input ? " copy=whole" : "",
                            trace_ins(), " ->", trace_outs));
 }
 
@@ -822,10 +822,9 @@ void Engine::WriteTrackedArgs(const c10::IValue* args, size_t n, const OpInfo& i
 void Engine::FallbackPaused(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   if (runtime_untrusted()) return op.redispatchBoxed(after, stack);
-  // Note [Idle far below the budget]: checked where no op that began paused is under way on this
-  // thread (resuming waits for those ops to end).
-  // Only while no other op is under way paused, so that resuming waits for none but those that
-  // race with it; a later op tries again.
+  // Note [Idle far below the budget]: checked where no op that began paused is under way, on this
+  // thread or another, so that resuming waits for none but those that race with it; a later op
+  // tries again.
   if (idle() && t_paused_ops == 0 && alloc_->AllocatedNow() >= idle_limit_bytes_.load(std::memory_order_relaxed) &&
       paused_ops_.load(std::memory_order_seq_cst) == 0)
     LeaveIdle(/*for_memory=*/true);
