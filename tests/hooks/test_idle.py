@@ -3,9 +3,8 @@ far below, dtr goes idle after a quiet step and records nothing; when memory nea
 again it resumes before the op that finds it there, evicts and rematerializes as before, and the
 training is bit-identical to a plain run throughout."""
 import json
-import subprocess
 
-from conftest import PY, clean_env, dtr_lib
+from conftest import PY, run as run_process
 
 # A 16-layer MLP of width 128 with batch norm (running statistics written in place every step,
 # idle or not) and dropout (random: replayed from its generator's state): 3 MiB of weights,
@@ -43,8 +42,7 @@ print(json.dumps(out))
 
 def run(mode, batches, budget=0, **env):
     args = [PY, "-c", PROGRAM, mode, ",".join(map(str, batches)), str(budget)]
-    extra = dict(LD_PRELOAD=dtr_lib()) if mode == "dtr" else {}
-    r = subprocess.run(args, env=clean_env(**extra, **env), capture_output=True, text=True, timeout=300)
+    r = run_process(args, preload=mode == "dtr", **env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -128,8 +126,7 @@ print("after", int(x[:1024].sum()), st["idle"], st["evictions"] - st["eager_evic
 del x
 print("kept", [float(k.sum()) for k in kept] == sums)
 """
-    r = subprocess.run([PY, "-c", code], env=clean_env(LD_PRELOAD=dtr_lib()), capture_output=True, text=True,
-                       timeout=120)
+    r = run_process([PY, "-c", code], preload=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[0].startswith("OOM") and "idle" in lines[0] and "DTR_IDLE_BELOW" in lines[0], r.stdout
@@ -174,8 +171,7 @@ out["enabled"] = (dtr.is_enabled(), dtr.stats()["idle"])
 out["idle_again"] = [step()["idle"] for _ in range(2)]
 print(json.dumps(out))
 """
-    r = subprocess.run([PY, "-c", code], env=clean_env(LD_PRELOAD=dtr_lib()), capture_output=True, text=True,
-                       timeout=120)
+    r = run_process([PY, "-c", code], preload=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["idle_after_step"] and out["set_budget_resumed"] and out["evicted_by_new_budget"] > 0, out
